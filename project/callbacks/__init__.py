@@ -1,0 +1,5 @@
+"""Callbacks: extra behaviour around training, attached through Lightning hooks only."""
+
+from project.callbacks.prediction_writer import PredictionWriter
+
+__all__ = ["PredictionWriter"]

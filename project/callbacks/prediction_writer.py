@@ -1,0 +1,69 @@
+"""`PredictionWriter`: `predict` results to a CSV, one row per input."""
+
+import csv
+import os
+from pathlib import Path
+
+import lightning as L
+from lightning.pytorch.callbacks import BasePredictionWriter
+
+
+class PredictionWriter(BasePredictionWriter):
+    """Writes `input,class_index,class_name,probability` rows as batches are predicted.
+
+    The input is the image's path for folders, `<dataset>/<split>/<index>` for CIFAR. Rows are written per
+    batch, so memory does not grow with the dataset. With several processes each writes its own part
+    (`predictions-rank<N>.csv`).
+
+    Args:
+        output_path: The CSV file. Default: `predictions.csv` in the run's log directory (under
+            `trainer.default_root_dir`).
+    """
+
+    def __init__(self, output_path: str | None = None) -> None:
+        super().__init__(write_interval="batch")
+        self.output_path = output_path
+        self._file = None
+        self._writer = None
+        self.path: Path | None = None
+
+    def on_predict_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        path = (
+            Path(self.output_path)
+            if self.output_path
+            else Path(trainer.log_dir or trainer.default_root_dir) / "predictions.csv"
+        )
+        if trainer.world_size > 1:
+            path = path.with_name(f"{path.stem}-rank{trainer.global_rank}{path.suffix}")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self._tmp = path.with_name(f".{path.name}.tmp")  # renamed into place when prediction completes
+        self._file = open(self._tmp, "w", newline="")  # noqa: SIM115 - closed in on_predict_end
+        self._writer = csv.writer(self._file)
+        self._writer.writerow(["input", "class_index", "class_name", "probability"])
+
+    def write_on_batch_end(
+        self, trainer, pl_module, prediction, batch_indices, batch, batch_idx, dataloader_idx
+    ) -> None:
+        names = getattr(trainer.datamodule, "predict_names", None) or []
+        class_names = pl_module.class_names
+        for index, pred, prob in zip(
+            *(prediction[k].tolist() for k in ("index", "pred", "prob")), strict=True
+        ):
+            name = names[index] if index < len(names) else str(index)
+            self._writer.writerow([name, pred, class_names[pred], f"{prob:.6f}"])
+
+    def on_predict_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+            os.replace(self._tmp, self.path)
+            print(f"Predictions written to {self.path}")
+
+    def on_exception(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException
+    ) -> None:
+        if self._file is not None:  # never leave a half-written CSV behind
+            self._file.close()
+            self._file = None
+            self._tmp.unlink(missing_ok=True)

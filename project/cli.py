@@ -1,0 +1,143 @@
+"""`python -m project`: LightningCLI for fit/validate/test/predict, plus the project's tool commands.
+
+The CLI wires the pieces together and nothing more: the DataModule's `num_classes`, `class_names` and
+`input_shape` are linked into the model when both are instantiated, so a config never states them twice.
+"""
+
+import os
+import sys
+from typing import Any
+
+from lightning.pytorch.callbacks import (
+    LearningRateMonitor,
+    ModelCheckpoint,
+    ModelSummary,
+    ProgressBar,
+    RichModelSummary,
+    RichProgressBar,
+)
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
+
+# Importing these makes their short class names (`class_path: SimpleCNN`) resolvable in configs.
+import project.callbacks  # noqa: F401
+import project.models  # noqa: F401
+from project.callbacks import PredictionWriter
+from project.data import ImageDataModule
+from project.errors import UserError
+from project.lit import ImageClassifier
+
+DEFAULT_ROOT_DIR = "logs"
+
+# Loggers and their save_dir follow trainer.default_root_dir (see _follow_root_dir).
+TRAINER_DEFAULTS: dict[str, Any] = {
+    "default_root_dir": DEFAULT_ROOT_DIR,
+    "logger": [
+        # First logger: its versioned folder (logs/runs/version_N) holds the run's config and checkpoints.
+        {
+            "class_path": "lightning.pytorch.loggers.CSVLogger",
+            "init_args": {"save_dir": DEFAULT_ROOT_DIR, "name": "runs"},
+        },
+        # Offline unless WANDB_MODE=online (or `offline: false` in a config): no account, no network needed.
+        {
+            "class_path": "lightning.pytorch.loggers.WandbLogger",
+            "init_args": {"save_dir": DEFAULT_ROOT_DIR, "project": "lightning-template", "offline": True},
+        },
+    ],
+}
+
+
+class LoggerSaveConfigCallback(SaveConfigCallback):
+    """Saves the resolved config next to the run (config.yaml) and records it in every logger (W&B's run config)."""
+
+    def save_config(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        config = self.config.as_dict()
+        for logger in trainer.loggers:
+            logger.log_hyperparams(config)
+
+
+class ProjectCLI(LightningCLI):
+    """LightningCLI with the template's defaults: links data -> model, default callbacks and loggers."""
+
+    def __init__(self, args: list[str] | None = None, run: bool = True, **kwargs: Any) -> None:
+        super().__init__(
+            model_class=ImageClassifier,
+            datamodule_class=ImageDataModule,
+            subclass_mode_data=True,
+            seed_everything_default=42,
+            trainer_defaults=TRAINER_DEFAULTS,
+            save_config_callback=LoggerSaveConfigCallback,
+            save_config_kwargs={"overwrite": True},
+            auto_configure_optimizers=False,
+            args=args,
+            run=run,
+            **kwargs,
+        )
+
+    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        # Always-on callbacks, each configurable under its own key (e.g. --checkpoint.save_top_k 3).
+        parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
+        parser.set_defaults(
+            {
+                "checkpoint.monitor": "val/acc",
+                "checkpoint.mode": "max",
+                "checkpoint.save_last": True,
+                "checkpoint.filename": "epoch{epoch:03d}-val_acc{val/acc:.4f}",
+                "checkpoint.auto_insert_metric_name": False,
+            }
+        )
+        parser.add_lightning_class_args(LearningRateMonitor, "lr_monitor")
+        parser.add_lightning_class_args(RichProgressBar, "progress_bar")
+        parser.add_lightning_class_args(RichModelSummary, "model_summary")
+        parser.set_defaults({"model_summary.max_depth": 2})
+        parser.add_lightning_class_args(PredictionWriter, "prediction_writer")
+
+        parser.link_arguments("data.num_classes", "model.num_classes", apply_on="instantiate")
+        parser.link_arguments("data.num_classes", "model.net.init_args.num_classes", apply_on="instantiate")
+        parser.link_arguments("data.class_names", "model.class_names", apply_on="instantiate")
+        parser.link_arguments("data.input_shape", "model.input_shape", apply_on="instantiate")
+
+    def before_instantiate_classes(self) -> None:
+        config = self.config[self.subcommand] if self.subcommand else self.config
+        _follow_root_dir(config.trainer)
+
+    def _instantiate_trainer(self, config: dict[str, Any], callbacks: list[Any]) -> Any:
+        # Default callbacks step aside when the trainer flag they depend on is off, instead of raising.
+        drop: tuple[type, ...] = ()
+        if config.get("logger") in (False, None, []):
+            drop += (LearningRateMonitor,)
+        if config.get("enable_checkpointing") is False:
+            drop += (ModelCheckpoint,)
+        if config.get("enable_progress_bar") is False:
+            drop += (ProgressBar,)
+        if config.get("enable_model_summary") is False:
+            drop += (ModelSummary,)
+        callbacks = [c for c in callbacks if not isinstance(c, drop)]
+        return super()._instantiate_trainer(config, callbacks)
+
+
+def _follow_root_dir(trainer_config: Any) -> None:
+    """Point loggers left at the default folder to trainer.default_root_dir, and apply WANDB_MODE."""
+    root = trainer_config.default_root_dir or DEFAULT_ROOT_DIR
+    loggers = trainer_config.logger
+    if not isinstance(loggers, list):
+        loggers = [loggers] if loggers not in (None, True, False) else []
+    for logger in loggers:
+        init_args = getattr(logger, "init_args", None)
+        if init_args is None:
+            continue
+        if str(init_args.get("save_dir")) == DEFAULT_ROOT_DIR:
+            init_args["save_dir"] = root
+        if logger.class_path.endswith("WandbLogger") and os.environ.get("WANDB_MODE", "").lower() in (
+            "online",
+            "run",
+        ):
+            init_args["offline"] = False
+
+
+def main(args: list[str] | None = None) -> None:
+    """Entry point of `python -m project`."""
+    try:
+        ProjectCLI(args=args)
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(1)

@@ -1,0 +1,152 @@
+"""`ImageClassifier`: cross-entropy training of any image network, with per-stage torchmetrics."""
+
+import inspect
+from typing import Any, Literal
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
+from torch import Tensor, nn
+from torchmetrics import MaxMetric, MeanMetric, MetricCollection
+from torchmetrics.classification import MulticlassAccuracy
+
+
+class ImageClassifier(L.LightningModule):
+    """Trains `net` to classify images.
+
+    Args:
+        net: The network (any `nn.Module` mapping images to logits), injected from the config.
+        num_classes: Number of classes; linked from the DataModule by the CLI.
+        class_names: Class names, in label order; linked from the DataModule (used in predictions).
+        input_shape: (channels, height, width) of one input; linked from the DataModule. Sets
+            `example_input_array`, so the model summary shows every layer's input and output shape.
+        optimizer: Optimizer factory, e.g. `class_path: torch.optim.SGD` with `init_args: {lr: 0.1}`.
+        scheduler: Optional LR scheduler factory. A schedule with a `total_steps` argument (OneCycleLR) gets
+            the trainer's estimated number of optimizer steps when the config leaves it unset.
+        scheduler_interval: Step the scheduler every `epoch` or every optimizer `step`; default: `step` for
+            schedules with `total_steps` (OneCycle-style), `epoch` otherwise.
+        label_smoothing: Cross-entropy label smoothing (0.1 is a common choice).
+        weight_decay_norm_and_bias: Apply the optimizer's weight decay to norm layers and biases too.
+            Default off: decaying them only hurts (they set scale and offset, not capacity).
+    """
+
+    def __init__(
+        self,
+        net: nn.Module,
+        num_classes: int = 10,
+        class_names: list[str] | None = None,
+        input_shape: tuple[int, int, int] | None = (3, 32, 32),
+        optimizer: OptimizerCallable = torch.optim.AdamW,
+        scheduler: LRSchedulerCallable | None = None,
+        scheduler_interval: Literal["epoch", "step"] | None = None,
+        label_smoothing: float = 0.0,
+        weight_decay_norm_and_bias: bool = False,
+    ) -> None:
+        super().__init__()
+        if num_classes < 2:
+            raise ValueError(f"ImageClassifier: num_classes must be at least 2, got {num_classes}")
+        if not 0.0 <= label_smoothing < 1.0:
+            raise ValueError(f"ImageClassifier: label_smoothing must be in [0, 1), got {label_smoothing}")
+        # The network is saved with the checkpoint's weights; its config is in the saved CLI config.
+        self.save_hyperparameters(ignore=["net", "optimizer", "scheduler"])
+        self.net = net
+        self.optimizer = optimizer
+        self.scheduler = scheduler
+        self.class_names = class_names or [str(i) for i in range(num_classes)]
+        if input_shape is not None:
+            self.example_input_array = torch.zeros(2, *input_shape)
+
+        # One metric object per stage: states must never mix between train, val and test.
+        top5 = min(5, num_classes)
+        metrics = MetricCollection(
+            {
+                "acc": MulticlassAccuracy(num_classes, top_k=1),
+                f"acc_top{top5}": MulticlassAccuracy(num_classes, top_k=top5),
+            }
+        )
+        self.train_metrics = metrics.clone(prefix="train/")
+        self.val_metrics = metrics.clone(prefix="val/")
+        self.test_metrics = metrics.clone(prefix="test/")
+        self.train_loss, self.val_loss, self.test_loss = MeanMetric(), MeanMetric(), MeanMetric()
+        self.val_acc_best = MaxMetric()
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.net(x)
+
+    def _shared_step(
+        self, batch: tuple[Tensor, Tensor], metrics: MetricCollection, loss_metric: MeanMetric
+    ) -> Tensor:
+        x, y = batch
+        logits = self(x)
+        loss = F.cross_entropy(logits, y, label_smoothing=self.hparams.label_smoothing)
+        metrics.update(logits.detach(), y)
+        loss_metric.update(loss.detach(), weight=y.numel())
+        return loss
+
+    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+        loss = self._shared_step(batch, self.train_metrics, self.train_loss)
+        # The step loss goes to the progress bar; the epoch mean (over all ranks) to the loggers.
+        self.log("loss", loss, prog_bar=True, logger=False)
+        self.log("train/loss", self.train_loss, on_step=False, on_epoch=True)
+        self.log_dict(self.train_metrics, on_step=False, on_epoch=True)
+        return loss
+
+    def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
+        self._shared_step(batch, self.val_metrics, self.val_loss)
+        self.log("val/loss", self.val_loss, on_step=False, on_epoch=True, prog_bar=True)
+        self.log_dict(self.val_metrics, on_step=False, on_epoch=True, prog_bar=False)
+
+    def on_validation_epoch_end(self) -> None:
+        # compute() syncs across ranks, so the best accuracy is over the whole validation set.
+        if self.trainer.sanity_checking:
+            return
+        self.val_acc_best.update(self.val_metrics["acc"].compute())
+        self.log("val/acc_best", self.val_acc_best.compute(), prog_bar=True, sync_dist=False)
+
+    def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
+        self._shared_step(batch, self.test_metrics, self.test_loss)
+        self.log("test/loss", self.test_loss, on_step=False, on_epoch=True)
+        self.log_dict(self.test_metrics, on_step=False, on_epoch=True)
+
+    def predict_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> dict[str, Tensor]:
+        """Returns, per input, its dataset index, the predicted class index and that class's probability."""
+        x, index = batch
+        probs = self(x).float().softmax(dim=-1)
+        prob, pred = probs.max(dim=-1)
+        return {"index": index, "pred": pred, "prob": prob}
+
+    def configure_optimizers(self) -> Any:
+        # Parameters come from trainer.model: under FSDP that is the sharded module the optimizer must see.
+        model = self.trainer.model if self._trainer is not None else self
+        optimizer = self.optimizer(self._param_groups(model))
+        if self.scheduler is None:
+            return optimizer
+        kwargs, interval = {}, self.hparams.scheduler_interval
+        if _leaves_unset(self.scheduler, "total_steps"):
+            # OneCycleLR divides by zero below ~1/pct_start steps; runs that short (debug runs) are padded.
+            kwargs["total_steps"] = max(int(self.trainer.estimated_stepping_batches), 100)
+            interval = interval or "step"
+        scheduler = self.scheduler(optimizer, **kwargs)
+        # "name" is what LearningRateMonitor logs the learning rate under.
+        return {
+            "optimizer": optimizer,
+            "lr_scheduler": {"scheduler": scheduler, "interval": interval or "epoch", "name": "train/lr"},
+        }
+
+    def _param_groups(self, model: nn.Module) -> list[dict[str, Any]]:
+        params = [p for p in model.parameters() if p.requires_grad]
+        if self.hparams.weight_decay_norm_and_bias:
+            return [{"params": params}]
+        # 1-D tensors are biases and norm scales/offsets.
+        decay = [p for p in params if p.ndim > 1]
+        no_decay = [p for p in params if p.ndim <= 1]
+        return [{"params": decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def _leaves_unset(factory: Any, name: str) -> bool:
+    """True if the scheduler factory's class takes argument `name` and the config left it as None."""
+    keywords = getattr(factory, "keywords", {})
+    target = next((a for a in reversed(getattr(factory, "args", ())) if inspect.isclass(a)), None)
+    takes_it = target is not None and name in inspect.signature(target).parameters
+    return takes_it and keywords.get(name) is None
