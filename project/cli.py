@@ -4,8 +4,10 @@ The CLI wires the pieces together and nothing more: the DataModule's `num_classe
 `input_shape` are linked into the model when both are instantiated, so a config never states them twice.
 """
 
+import logging
 import os
 import sys
+import warnings
 from typing import Any
 
 from lightning.pytorch.callbacks import (
@@ -21,12 +23,20 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveCon
 # Importing these makes their short class names (`class_path: SimpleCNN`) resolvable in configs.
 import project.callbacks  # noqa: F401
 import project.models  # noqa: F401
-from project.callbacks import PredictionWriter
+from project.callbacks import BestAndLastCheckpoint, PredictionWriter
 from project.data import ImageDataModule
 from project.errors import UserError
 from project.lit import ImageClassifier
 
 DEFAULT_ROOT_DIR = "logs"
+
+# Noise a user cannot act on: an advert printed on every run, and a deprecation inside Lightning itself.
+for _handler in logging.getLogger("lightning.pytorch").handlers:
+    _handler.addFilter(lambda record: not record.getMessage().startswith("💡 Tip"))
+warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)")
+warnings.filterwarnings(
+    "ignore", message=r"(?s).*was deprecated in v4\.49\.0"
+)  # jsonargparse API used by Lightning
 
 # Loggers and their save_dir follow trainer.default_root_dir (see _follow_root_dir).
 TRAINER_DEFAULTS: dict[str, Any] = {
@@ -75,7 +85,7 @@ class ProjectCLI(LightningCLI):
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         # Always-on callbacks, each configurable under its own key (e.g. --checkpoint.save_top_k 3).
-        parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
+        parser.add_lightning_class_args(BestAndLastCheckpoint, "checkpoint")
         parser.set_defaults(
             {
                 "checkpoint.monitor": "val/acc",
@@ -103,6 +113,8 @@ class ProjectCLI(LightningCLI):
     def _instantiate_trainer(self, config: dict[str, Any], callbacks: list[Any]) -> Any:
         # Default callbacks step aside when the trainer flag they depend on is off, instead of raising.
         drop: tuple[type, ...] = ()
+        if self.subcommand != "fit":  # nothing to checkpoint or schedule outside training
+            drop += (ModelCheckpoint, LearningRateMonitor)
         if config.get("logger") in (False, None, []):
             drop += (LearningRateMonitor,)
         if config.get("enable_checkpointing") is False:
@@ -134,10 +146,22 @@ def _follow_root_dir(trainer_config: Any) -> None:
             init_args["offline"] = False
 
 
+def _user_error(exc: BaseException | None) -> UserError | None:
+    """The UserError behind `exc`, if any (jsonargparse wraps errors raised while instantiating classes)."""
+    while exc is not None:
+        if isinstance(exc, UserError):
+            return exc
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
 def main(args: list[str] | None = None) -> None:
     """Entry point of `python -m project`."""
     try:
         ProjectCLI(args=args)
-    except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
+    except Exception as exc:
+        user_error = _user_error(exc)
+        if user_error is None:
+            raise
+        print(f"error: {user_error}", file=sys.stderr)
         sys.exit(1)

@@ -146,7 +146,10 @@ class ImageClassifier(L.LightningModule):
 
 def _leaves_unset(factory: Any, name: str) -> bool:
     """True if the scheduler factory's class takes argument `name` and the config left it as None."""
+    # jsonargparse gives partial(call_without_instantiate_context, instantiator, cls, **init_args);
+    # a hand-written functools.partial(cls, ...) works too.
     keywords = getattr(factory, "keywords", {})
-    target = next((a for a in reversed(getattr(factory, "args", ())) if inspect.isclass(a)), None)
+    candidates = [getattr(factory, "func", None), *getattr(factory, "args", ())]
+    target = next((a for a in candidates if inspect.isclass(a)), None)
     takes_it = target is not None and name in inspect.signature(target).parameters
     return takes_it and keywords.get(name) is None

@@ -1,0 +1,46 @@
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.fakes import make_fake_cifar, make_image_folder, patch_cifar_integrity
+
+ROOT = Path(__file__).resolve().parent.parent
+CONFIGS = ROOT / "configs"
+
+# Offline, quiet W&B for every test, whatever the developer's shell says.
+os.environ["WANDB_MODE"] = "offline"
+os.environ["WANDB_SILENT"] = "true"
+
+
+@pytest.fixture(scope="session")
+def fake_cifar(tmp_path_factory) -> Path:
+    """A fake CIFAR-10 (500 train, 100 test images) in the real file format; integrity check patched."""
+    patch_cifar_integrity()
+    return make_fake_cifar(tmp_path_factory.mktemp("cifar"))
+
+
+@pytest.fixture
+def image_folder(tmp_path) -> Path:
+    """3 classes x 12 images of mixed sizes and modes, plus one non-image and one corrupt file."""
+    return make_image_folder(tmp_path / "images")
+
+
+def run_cli(*args: str, cwd: Path, check: bool = True, timeout: int = 300) -> subprocess.CompletedProcess:
+    """`python -m project <args>` in a subprocess (with the fake-CIFAR checksum patch)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "tests" / "patched_main.py"), *map(str, args)],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    if check and proc.returncode != 0:
+        raise AssertionError(
+            f"exit {proc.returncode}\n--- stdout\n{proc.stdout[-4000:]}\n--- stderr\n{proc.stderr[-6000:]}"
+        )
+    return proc

@@ -1,0 +1,139 @@
+"""The CLI: every config parses and instantiates; links work; bad configs fail with one clear message."""
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from project.cli import ProjectCLI
+from project.data import CIFARDataModule, ImageFolderDataModule
+from project.models import CIFARResNet, SimpleCNN
+from tests.conftest import CONFIGS, run_cli
+
+MAIN_CONFIGS = ["cifar10.yaml", "cifar100.yaml", "folder.yaml"]
+STACKABLE = sorted(str(p.relative_to(CONFIGS)) for p in CONFIGS.rglob("*.yaml") if p.name not in MAIN_CONFIGS)
+
+
+def config_args(name: str, tmp_path: Path, image_folder: Path) -> list[str]:
+    args = ["--config", str(CONFIGS / name), "--trainer.default_root_dir", str(tmp_path)]
+    if name == "folder.yaml":
+        args += ["--data.root", str(image_folder), "--data.cache_dir", str(tmp_path / "cache")]
+    return args
+
+
+@pytest.mark.parametrize("name", MAIN_CONFIGS)
+def test_main_configs_instantiate_with_linked_classes(name, tmp_path, image_folder):
+    cli = ProjectCLI(args=config_args(name, tmp_path, image_folder), run=False)
+    data, model = cli.datamodule, cli.model
+    assert model.hparams.num_classes == data.num_classes
+    assert model.class_names == data.class_names
+    assert model.example_input_array.shape[1:] == data.input_shape
+    # num_classes reached the injected network too: its output has one logit per class.
+    assert model.net(model.example_input_array).shape == (2, data.num_classes)
+
+
+@pytest.mark.parametrize("extra", STACKABLE)
+def test_stackable_configs_apply_on_top(extra, tmp_path, image_folder):
+    args = config_args("cifar10.yaml", tmp_path, image_folder) + ["--config", str(CONFIGS / extra)]
+    cli = ProjectCLI(args=args, run=False)
+    stacked = yaml.safe_load((CONFIGS / extra).read_text())
+    for key, value in stacked.get("trainer", {}).items():
+        if key == "logger" and value is False:
+            assert not cli.trainer.loggers
+        elif key == "logger":
+            assert [type(lg).__name__ for lg in cli.trainer.loggers] == [
+                lg["class_path"].rsplit(".", 1)[1] for lg in value
+            ]
+        elif key == "limit_train_batches":
+            assert cli.trainer.limit_train_batches == value
+
+
+@pytest.mark.parametrize("name", MAIN_CONFIGS)
+def test_print_config_round_trips(name, tmp_path, image_folder, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        ProjectCLI(args=["fit", *config_args(name, tmp_path, image_folder), "--print_config"])
+    assert exit_info.value.code in (0, None)
+    printed = yaml.safe_load(capsys.readouterr().out)
+    assert printed["model"]["net"]["class_path"].startswith("project.models.")
+    assert printed["seed_everything"] == 42
+    # What --print_config writes is itself a valid config, and describes the same run.
+    saved = tmp_path / "printed.yaml"
+    saved.write_text(yaml.safe_dump(printed))
+    with pytest.raises(SystemExit):
+        ProjectCLI(args=["fit", "--config", str(saved), "--print_config"])
+    assert yaml.safe_load(capsys.readouterr().out) == printed
+
+
+def test_short_and_full_class_paths_are_the_same(tmp_path):
+    for net, data in [
+        ("SimpleCNN", "CIFARDataModule"),
+        ("project.models.SimpleCNN", "project.data.CIFARDataModule"),
+    ]:
+        cli = ProjectCLI(args=["--model.net", net, "--data", data, "--data.name", "cifar100"], run=False)
+        assert isinstance(cli.model.net, SimpleCNN) and isinstance(cli.datamodule, CIFARDataModule)
+        assert cli.model.net.classifier[-1].out_features == 100
+
+
+def test_command_line_overrides_and_later_configs_win(tmp_path, image_folder):
+    args = config_args("cifar10.yaml", tmp_path, image_folder)
+    cli = ProjectCLI(
+        args=[*args, "--model.net.init_args.depth", "34", "--data.init_args.batch_size", "64"], run=False
+    )
+    assert isinstance(cli.model.net, CIFARResNet) and len(cli.model.net.layer3) == 6
+    assert cli.datamodule.batch_size == 64
+    cli = ProjectCLI(args=[*args, "--config", str(CONFIGS / "debug.yaml")], run=False)
+    assert cli.trainer.max_epochs == 1 and not cli.trainer.loggers
+
+
+def test_default_loggers_follow_default_root_dir(tmp_path):
+    cli = ProjectCLI(
+        args=["--config", str(CONFIGS / "cifar10.yaml"), "--trainer.default_root_dir", str(tmp_path / "run")],
+        run=False,
+    )
+    csv, wandb = cli.trainer.loggers
+    assert Path(csv.save_dir) == tmp_path / "run" and Path(wandb.save_dir) == tmp_path / "run"
+    assert wandb._offline
+
+
+def test_logger_false_and_no_checkpointing_step_aside(tmp_path):
+    base = ["--config", str(CONFIGS / "cifar10.yaml"), "--trainer.default_root_dir", str(tmp_path)]
+    cli = ProjectCLI(
+        args=[*base, "--trainer.logger", "false", "--trainer.enable_checkpointing", "false"], run=False
+    )
+    names = {type(c).__name__ for c in cli.trainer.callbacks}
+    assert "LearningRateMonitor" not in names and "ModelCheckpoint" not in names
+    assert "PredictionWriter" in names
+
+
+def test_folder_config_needs_only_the_root(tmp_path, image_folder):
+    cli = ProjectCLI(
+        args=["--config", str(CONFIGS / "folder.yaml"), "--data.root", str(image_folder)], run=False
+    )
+    assert isinstance(cli.datamodule, ImageFolderDataModule) and cli.model.class_names == ["c0", "c1", "c2"]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--model.nott_a_key", "1"], "nott_a_key"),
+        (["--trainer.max_epochs", "many"], "max_epochs"),
+        (["--model.label_smoothing", "[1, 2]"], "label_smoothing"),
+        (["--config", "configs/missing.yaml"], "missing.yaml"),
+        (["--data.init_args.batch_size", "0"], "data.batch_size must be at least 1"),
+    ],
+    ids=["unknown-key", "wrong-type", "wrong-type-list", "missing-file", "out-of-range"],
+)
+def test_bad_config_exits_with_one_clear_message(args, message, tmp_path):
+    proc = run_cli(
+        "fit",
+        "--config",
+        CONFIGS / "cifar10.yaml",
+        *args,
+        "--trainer.default_root_dir",
+        tmp_path,
+        cwd=tmp_path.parent,
+        check=False,
+    )
+    assert proc.returncode != 0
+    assert message in proc.stderr
+    assert "Traceback" not in proc.stderr

@@ -1,0 +1,196 @@
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from project.data import CIFARDataModule, ImageFolderDataModule
+from project.data.image_cache import ImageCache
+from project.errors import UserError
+
+
+# -- CIFAR ---------------------------------------------------------------------------------------------------
+def test_cifar_split_is_seeded_and_batches_are_uint8(fake_cifar):
+    dm = CIFARDataModule(data_dir=str(fake_cifar), download=False, val_size=100, batch_size=32)
+    dm.setup("fit")
+    assert len(dm.train_set) == 400 and len(dm.val_set) == 100
+    x, y = next(iter(dm.train_dataloader()))
+    assert x.dtype == torch.uint8 and x.shape == (32, 3, 32, 32) and y.dtype == torch.long
+    again = CIFARDataModule(data_dir=str(fake_cifar), download=False, val_size=100)
+    again.setup("fit")
+    assert torch.equal(dm.val_set.indices, again.val_set.indices)
+    assert not set(dm.val_set.indices.tolist()) & set(dm.train_set.indices.tolist())
+    other_seed = CIFARDataModule(data_dir=str(fake_cifar), download=False, val_size=100, seed=1)
+    other_seed.setup("fit")
+    assert not torch.equal(dm.val_set.indices, other_seed.val_set.indices)
+
+
+def test_cifar_test_and_predict_sets(fake_cifar):
+    dm = CIFARDataModule(data_dir=str(fake_cifar), download=False, batch_size=64)
+    dm.setup("predict")
+    x, idx = next(iter(dm.predict_dataloader()))
+    assert torch.equal(idx, torch.arange(64))
+    assert len(dm.predict_names) == 100 and dm.predict_names[3] == "cifar10/test/3"
+    assert len(dm.test_set) == 100
+
+
+def test_cifar_loads_the_same_pixels_as_torchvision(fake_cifar):
+    from torchvision.datasets import CIFAR10
+
+    dm = CIFARDataModule(data_dir=str(fake_cifar), download=False)
+    dm.setup("test")
+    ref = CIFAR10(str(fake_cifar), train=False)
+    x, y = dm.test_set.__getitems__([5])
+    assert torch.equal(x[0].permute(1, 2, 0), torch.from_numpy(ref.data[5])) and y.item() == ref.targets[5]
+
+
+def test_cifar_missing_says_where_to_put_the_archive(tmp_path):
+    dm = CIFARDataModule(data_dir=str(tmp_path), download=False)
+    with pytest.raises(UserError, match=r"cifar-10-python\.tar\.gz.*" + str(tmp_path)):
+        dm.setup("fit")
+
+
+def test_cifar_class_names_match_torchvision_order():
+    assert CIFARDataModule(name="cifar10").class_names[:3] == ["airplane", "automobile", "bird"]
+    names = CIFARDataModule(name="cifar100").class_names
+    assert len(names) == 100 and names == sorted(names) and names[-1] == "worm"
+
+
+@pytest.mark.parametrize(
+    "kwargs", [{"val_size": 0}, {"val_size": 60000}, {"batch_size": 0}, {"num_workers": -1}]
+)
+def test_cifar_bad_values_name_the_key(kwargs):
+    (key,) = kwargs
+    with pytest.raises(UserError, match=f"data.{key}"):
+        CIFARDataModule(**kwargs)
+
+
+# -- image folders --------------------------------------------------------------------------------------------
+def folder_dm(root: Path, tmp_path: Path, **kwargs) -> ImageFolderDataModule:
+    return ImageFolderDataModule(
+        root=str(root),
+        image_size=32,
+        cache_dir=str(tmp_path / "cache"),
+        num_workers=0,
+        batch_size=8,
+        **kwargs,
+    )
+
+
+def test_folder_mixed_modes_and_sizes(image_folder, tmp_path):
+    dm = folder_dm(image_folder, tmp_path, skip_corrupt=True)
+    assert dm.class_names == ["c0", "c1", "c2"] and dm.num_classes == 3
+    with pytest.warns(UserWarning, match="broken.jpg"):
+        dm.setup("fit")
+    assert len(dm.train_set) + len(dm.val_set) == 36  # notes.txt skipped, broken.jpg left out
+    x, y = next(iter(dm.train_dataloader()))
+    assert x.shape == (8, 3, 32, 32) and x.dtype == torch.uint8
+    # Stratified: every class is in the validation split.
+    assert set(dm.val_set.targets[dm.val_set.indices].tolist()) == {0, 1, 2}
+    assert all(0 < m < 1 for m in dm.mean) and all(0 < s < 1 for s in dm.std)
+
+
+def test_folder_corrupt_file_is_named(image_folder, tmp_path):
+    dm = folder_dm(image_folder, tmp_path)
+    with pytest.raises(UserError, match=r"broken\.jpg.*skip_corrupt"):
+        dm.setup("fit")
+
+
+@pytest.mark.parametrize("cache", [True, False])
+def test_folder_cached_and_per_image_paths_agree(image_folder, tmp_path, cache):
+    (image_folder / "c0" / "broken.jpg").unlink()
+    dm = folder_dm(image_folder, tmp_path, cache=cache, mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5))
+    dm.setup("fit")
+    x, y = dm.val_set[0]
+    ref = folder_dm(image_folder, tmp_path, cache=True, mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5))
+    ref.setup("fit")
+    assert torch.equal(x, ref.val_set[0][0]) and y == ref.val_set[0][1]
+
+
+def test_folder_errors_name_the_path(tmp_path):
+    with pytest.raises(UserError, match="does not exist"):
+        folder_dm(tmp_path / "missing", tmp_path)
+    (tmp_path / "empty_root").mkdir()
+    with pytest.raises(UserError, match="no class sub-folders"):
+        folder_dm(tmp_path / "empty_root", tmp_path)
+    root = tmp_path / "root"
+    (root / "cats").mkdir(parents=True)
+    (root / "dogs").mkdir()
+    Image.new("RGB", (10, 10)).save(root / "cats" / "a.png")
+    (root / "dogs" / "readme.txt").write_text("no images here")
+    with pytest.raises(UserError, match=r"class folder .*dogs contains no images"):
+        folder_dm(root, tmp_path)
+
+
+def test_folder_train_val_test_layout_and_predict_root(tmp_path):
+    from tests.fakes import make_image_folder
+
+    for split in ("train", "val", "test"):
+        make_image_folder(tmp_path / "ds" / split, per_class=4, extras=False, seed=len(split))
+    unlabeled = tmp_path / "unlabeled" / "deep"
+    unlabeled.mkdir(parents=True)
+    for i in range(3):
+        Image.new("L", (50 + i, 40)).save(unlabeled / f"{i}.png")
+    dm = folder_dm(tmp_path / "ds", tmp_path, predict_root=str(tmp_path / "unlabeled"))
+    dm.setup("fit")
+    dm.setup("test")
+    dm.setup("predict")
+    assert len(dm.train_set) == len(dm.val_set) == len(dm.test_set) == 12
+    assert [Path(n).name for n in dm.predict_names] == ["0.png", "1.png", "2.png"]
+    x, idx = next(iter(dm.predict_dataloader()))
+    assert x.shape == (3, 3, 32, 32) and idx.tolist() == [0, 1, 2]
+
+
+def test_cache_is_reused_rebuilt_on_change_and_written_atomically(image_folder, tmp_path):
+    (image_folder / "c0" / "broken.jpg").unlink()
+    files = sorted(image_folder.rglob("*.[jp][pn]g"))
+    cache_dir = tmp_path / "cache"
+    first = ImageCache.load_or_build(files, 16, cache_dir)
+    assert (
+        sorted(p.name for p in cache_dir.iterdir() if p.name.startswith(".")) == []
+    )  # no temporary files left
+    stamp = {p: p.stat().st_mtime_ns for p in cache_dir.iterdir()}
+    again = ImageCache.load_or_build(files, 16, cache_dir)
+    assert {p: p.stat().st_mtime_ns for p in cache_dir.iterdir()} == stamp  # reused, not rewritten
+    assert np.array_equal(first.images, again.images)
+    # Editing one image (new content, new mtime) gives a new cache with the new pixels.
+    Image.new("RGB", (16, 16), (255, 0, 0)).save(files[0])
+    os.utime(files[0], ns=(1, 10**18))
+    changed = ImageCache.load_or_build(files, 16, cache_dir)
+    assert changed.images[0][0].min() >= 250 and not np.array_equal(changed.images[0], first.images[0])
+    assert len(list(cache_dir.glob("*.npy"))) == 2
+
+
+def test_interrupted_cache_build_leaves_nothing(image_folder, tmp_path, monkeypatch):
+    import project.data.image_cache as image_cache
+
+    (image_folder / "c0" / "broken.jpg").unlink()
+    files = sorted(image_folder.rglob("*.[jp][pn]g"))
+
+    def boom(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(image_cache, "_atomic_write_json", boom)
+    with pytest.raises(KeyboardInterrupt):
+        ImageCache.load_or_build(files, 16, tmp_path / "cache")
+    # The array may be in place but without its json marker it is not taken as complete: a rebuild follows.
+    monkeypatch.undo()
+    assert not list((tmp_path / "cache").glob(".*"))
+    ImageCache.load_or_build(files, 16, tmp_path / "cache")
+    assert len(list((tmp_path / "cache").glob("*.json"))) == 1
+
+
+def test_mean_std_matches_direct_computation(image_folder, tmp_path):
+    shutil.rmtree(image_folder / "c1")
+    (image_folder / "c0" / "broken.jpg").unlink()
+    files = sorted(image_folder.rglob("*.[jp][pn]g"))
+    cache = ImageCache.load_or_build(files, 16, tmp_path / "cache")
+    idx = torch.tensor([0, 2, 3, 5])
+    mean, std = cache.mean_std(idx)
+    x = torch.from_numpy(np.asarray(cache.images)[idx.numpy()]).double() / 255
+    assert np.allclose(mean, x.mean(dim=(0, 2, 3)).numpy()) and np.allclose(
+        std, x.std(dim=(0, 2, 3), correction=0).numpy()
+    )

@@ -1,0 +1,56 @@
+import lightning as L
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from project.lit import ImageClassifier
+from project.models import SimpleCNN
+
+
+def sgd(params):
+    return torch.optim.SGD(params, lr=0.1, weight_decay=1e-4)
+
+
+def test_step_metrics_and_predict():
+    model = ImageClassifier(
+        SimpleCNN(num_classes=3), num_classes=3, class_names=["a", "b", "c"], optimizer=sgd
+    )
+    assert model.example_input_array.shape == (2, 3, 32, 32)
+    x, y = torch.randn(6, 3, 32, 32), torch.tensor([0, 1, 2, 0, 1, 2])
+    loss = model._shared_step((x, y), model.val_metrics, model.val_loss)
+    assert loss.ndim == 0 and torch.isfinite(loss)
+    metrics = model.val_metrics.compute()
+    assert set(metrics) == {"val/acc", "val/acc_top3"} and 0 <= metrics["val/acc"] <= 1
+    assert metrics["val/acc_top3"] == 1.0  # top-3 of 3 classes is always right
+    out = model.predict_step((x, torch.arange(6)), 0)
+    assert out["pred"].shape == (6,) and torch.all((out["prob"] > 1 / 3 - 1e-6) & (out["prob"] <= 1))
+    assert torch.equal(out["index"], torch.arange(6))
+
+
+def test_no_weight_decay_on_norm_and_bias():
+    model = ImageClassifier(SimpleCNN(num_classes=3), num_classes=3, optimizer=sgd)
+    opt = model.configure_optimizers()
+    decay, no_decay = opt.param_groups
+    assert decay["weight_decay"] == 1e-4 and no_decay["weight_decay"] == 0.0
+    assert all(p.ndim > 1 for p in decay["params"]) and all(p.ndim == 1 for p in no_decay["params"])
+
+
+def test_one_cycle_gets_total_steps_and_steps_per_batch(tmp_path):
+    from functools import partial
+
+    factory = partial(torch.optim.lr_scheduler.OneCycleLR, max_lr=0.5, total_steps=None)
+    model = ImageClassifier(
+        SimpleCNN(num_classes=2), num_classes=2, input_shape=None, optimizer=sgd, scheduler=factory
+    )
+    data = TensorDataset(torch.randn(64, 3, 32, 32), torch.randint(0, 2, (64,)))
+    trainer = L.Trainer(
+        max_epochs=30,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        default_root_dir=tmp_path,
+    )
+    trainer.fit(model, DataLoader(data, batch_size=16), DataLoader(data, batch_size=16))
+    config = trainer.lr_scheduler_configs[0]
+    assert config.interval == "step"
+    assert config.scheduler.total_steps == 120  # 30 epochs x 4 batches
+    assert config.scheduler.last_epoch == 120  # stepped once per batch

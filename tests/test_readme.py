@@ -1,0 +1,30 @@
+"""Every `python -m project ...` command in the README parses (the end-to-end tests run their equivalents)."""
+
+import shlex
+
+import pytest
+import yaml
+
+from project.cli import ProjectCLI
+from tests.conftest import ROOT
+
+COMMANDS = [
+    line.split("  #")[0].strip()
+    for line in (ROOT / "README.md").read_text().splitlines()
+    if line.strip().startswith("python -m project ")
+]
+
+
+def test_readme_has_commands():
+    assert len(COMMANDS) >= 10
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_readme_command_parses(command, image_folder, capsys, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    args = shlex.split(command.replace("path/to/images", str(image_folder)))[3:]
+    args = [a for a in args if a != "--print_config"] + ["--print_config"]
+    with pytest.raises(SystemExit) as exit_info:
+        ProjectCLI(args=args)
+    assert exit_info.value.code in (0, None), capsys.readouterr().err
+    assert "model" in yaml.safe_load(capsys.readouterr().out)
