@@ -4,6 +4,7 @@ The CLI wires the pieces together and nothing more: the DataModule's `num_classe
 `input_shape` are linked into the model when both are instantiated, so a config never states them twice.
 """
 
+import importlib
 import logging
 import os
 import sys
@@ -155,10 +156,36 @@ def _user_error(exc: BaseException | None) -> UserError | None:
     return None
 
 
+# Tool commands beside LightningCLI's fit/validate/test/predict: name -> "module:function". Each function
+# takes the remaining command-line arguments (list[str]) and parses them itself (jsonargparse).
+TOOLS: dict[str, tuple[str, str]] = {
+    "export": ("project.export.export:main", "export a checkpoint to ONNX and/or TorchScript"),
+    "quantize": ("project.export.quantize:main", "INT8 quantization report: accuracy, latency, size"),
+    "serve": ("project.serve.server:main", "HTTP prediction endpoint (LitServe)"),
+}
+
+
+def _print_tools() -> None:
+    print("\nTool commands (python -m project <tool> --help):")
+    for name, (_, summary) in TOOLS.items():
+        print(f"  {name:<10} {summary}")
+
+
 def main(args: list[str] | None = None) -> None:
     """Entry point of `python -m project`."""
+    argv = sys.argv[1:] if args is None else list(args)
     try:
-        ProjectCLI(args=args)
+        if argv and argv[0] in TOOLS:
+            module, function = TOOLS[argv[0]][0].split(":")
+            getattr(importlib.import_module(module), function)(argv[1:])
+            return
+        if not argv or argv[0] in ("-h", "--help"):
+            try:
+                ProjectCLI(args=argv)
+            finally:
+                _print_tools()
+            return
+        ProjectCLI(args=argv)
     except Exception as exc:
         user_error = _user_error(exc)
         if user_error is None:

@@ -16,7 +16,8 @@ def test_step_metrics_and_predict():
     )
     assert model.example_input_array.shape == (2, 3, 32, 32)
     x, y = torch.randn(6, 3, 32, 32), torch.tensor([0, 1, 2, 0, 1, 2])
-    loss = model._shared_step((x, y), model.val_metrics, model.val_loss)
+    loss, logits = model._shared_step((x, y), model.val_metrics, model.val_loss)
+    assert logits.shape == (6, 3)
     assert loss.ndim == 0 and torch.isfinite(loss)
     metrics = model.val_metrics.compute()
     assert set(metrics) == {"val/acc", "val/acc_top3"} and 0 <= metrics["val/acc"] <= 1

@@ -76,26 +76,29 @@ class ImageClassifier(L.LightningModule):
 
     def _shared_step(
         self, batch: tuple[Tensor, Tensor], metrics: MetricCollection, loss_metric: MeanMetric
-    ) -> Tensor:
+    ) -> tuple[Tensor, Tensor]:
+        """Forward, loss and metric updates shared by train/val/test: returns (loss, logits)."""
         x, y = batch
         logits = self(x)
         loss = F.cross_entropy(logits, y, label_smoothing=self.hparams.label_smoothing)
         metrics.update(logits.detach(), y)
         loss_metric.update(loss.detach(), weight=y.numel())
-        return loss
+        return loss, logits
 
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
-        loss = self._shared_step(batch, self.train_metrics, self.train_loss)
+        loss, _ = self._shared_step(batch, self.train_metrics, self.train_loss)
         # The step loss goes to the progress bar; the epoch mean (over all ranks) to the loggers.
         self.log("loss", loss, prog_bar=True, logger=False)
         self.log("train/loss", self.train_loss, on_step=False, on_epoch=True)
         self.log_dict(self.train_metrics, on_step=False, on_epoch=True)
         return loss
 
-    def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
-        self._shared_step(batch, self.val_metrics, self.val_loss)
+    def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> dict[str, Tensor]:
+        loss, logits = self._shared_step(batch, self.val_metrics, self.val_loss)
         self.log("val/loss", self.val_loss, on_step=False, on_epoch=True, prog_bar=True)
         self.log_dict(self.val_metrics, on_step=False, on_epoch=True, prog_bar=False)
+        # Returned for callbacks (confusion matrix, worst predictions) via on_validation_batch_end's outputs.
+        return {"loss": loss.detach(), "logits": logits.detach(), "targets": batch[1]}
 
     def on_validation_epoch_end(self) -> None:
         # compute() syncs across ranks, so the best accuracy is over the whole validation set.
