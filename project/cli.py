@@ -179,13 +179,14 @@ def main(args: list[str] | None = None) -> None:
             module, function = TOOLS[argv[0]][0].split(":")
             getattr(importlib.import_module(module), function)(argv[1:])
             return
+        # args=None lets LightningCLI read sys.argv itself (passing both makes it warn).
         if not argv or argv[0] in ("-h", "--help"):
             try:
-                ProjectCLI(args=argv)
+                ProjectCLI(args=args)
             finally:
                 _print_tools()
             return
-        ProjectCLI(args=argv)
+        ProjectCLI(args=args)
     except Exception as exc:
         user_error = _user_error(exc)
         if user_error is None:
