@@ -4,10 +4,11 @@ Each takes `num_classes` (linked from the DataModule by the CLI) and can be name
 class name (`class_path: SimpleCNN`) or its full path (`project.models.SimpleCNN`).
 """
 
+from project.models.airbench import AirbenchNet
 from project.models.cifar_resnet import CIFARResNet
 from project.models.init import init_weights
 from project.models.mlp import MLP
 from project.models.simple_cnn import SimpleCNN
 from project.models.torchvision_net import TorchvisionNet
 
-__all__ = ["CIFARResNet", "MLP", "SimpleCNN", "TorchvisionNet", "init_weights"]
+__all__ = ["AirbenchNet", "CIFARResNet", "MLP", "SimpleCNN", "TorchvisionNet", "init_weights"]

@@ -1,0 +1,31 @@
+"""`PatchWhiteningInit`: initialise a network's patch-whitening layer from training images."""
+
+import lightning as L
+import torch
+from lightning.pytorch.utilities import rank_zero_info
+
+
+class PatchWhiteningInit(L.Callback):
+    """Calls `net.init_whitening(images)` (e.g. `AirbenchNet`) with normalised training images at fit start.
+
+    Skipped when resuming from a checkpoint, which already holds the whitening weights. Every rank computes
+    the same filters from the same images (the first `num_images` of the training split), so DDP stays in sync.
+
+    Args:
+        num_images: Training images used to estimate the 2x2 patch covariance.
+    """
+
+    def __init__(self, num_images: int = 5000) -> None:
+        self.num_images = num_images
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        net = getattr(pl_module, "net", None)
+        if not hasattr(net, "init_whitening") or trainer.ckpt_path is not None:
+            return
+        data = trainer.datamodule
+        n = min(self.num_images, len(data.train_set))
+        images, labels = data.train_set.__getitems__(list(range(n)))
+        x, _ = data.transform_batch((images.to(pl_module.device), labels), train=False)
+        net.init_whitening(x.float())
+        rank_zero_info(f"PatchWhiteningInit: whitening filters set from {n} training images")
+        torch.nn.Module.zero_grad(net)

@@ -1,0 +1,71 @@
+"""A dataset held in memory as one uint8 tensor, read a whole batch at a time."""
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import torch
+from torch import Tensor
+from torch.utils.data import Dataset
+
+
+class TensorImageDataset(Dataset):
+    """Images (N, C, H, W) uint8 plus one int64 target per image (a label, or the index for prediction).
+
+    The DataLoader's fetcher calls `__getitems__` with all of a batch's indices, so a batch is a single
+    gather from the big tensor: no per-sample PIL work, no per-sample collate. `images` may also be a
+    read-only numpy memmap (the image-folder cache), in which case only the batch's rows are read.
+
+    Args:
+        images: (N, C, H, W) uint8 tensor or numpy array.
+        targets: (N,) labels, or None to yield each sample's index instead (prediction).
+        indices: Optional subset of rows (a train/val split) without copying the images.
+        sample_transform: Optional per-image transform on uint8 (C, H, W) tensors, e.g. TrivialAugmentWide;
+            it runs in the DataLoader workers.
+    """
+
+    def __init__(
+        self,
+        images: Tensor | np.ndarray,
+        targets: Sequence[int] | Tensor | None = None,
+        indices: Sequence[int] | Tensor | None = None,
+        sample_transform: Callable[[Tensor], Tensor] | None = None,
+    ) -> None:
+        self.images = images
+        n = len(images)
+        self.indices = torch.as_tensor(indices if indices is not None else range(n), dtype=torch.long)
+        self.targets = None if targets is None else torch.as_tensor(targets, dtype=torch.long)
+        self.sample_transform = sample_transform
+
+    def to(self, device: torch.device | str) -> "TensorImageDataset":
+        """Hold everything on `device` (a memmap is read into memory first); batches are then gathered there."""
+        if isinstance(self.images, np.ndarray):
+            self.images = torch.from_numpy(np.ascontiguousarray(self.images))
+        self.images = self.images.to(device)
+        self.indices = self.indices.to(device)
+        self.targets = None if self.targets is None else self.targets.to(device)
+        return self
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __getitems__(self, positions: list[int]) -> tuple[Tensor, Tensor]:
+        rows = self.indices[torch.as_tensor(positions, device=self.indices.device)]
+        if isinstance(self.images, np.ndarray):
+            order = rows.argsort()  # sorted reads are sequential on a memmap
+            x = torch.empty((len(rows), *self.images.shape[1:]), dtype=torch.uint8)
+            x[order] = torch.from_numpy(np.ascontiguousarray(self.images[rows[order].numpy()]))
+        else:
+            x = self.images[rows]
+        if self.sample_transform is not None:
+            x = torch.stack([self.sample_transform(img) for img in x])
+        y = self.targets[rows] if self.targets is not None else rows
+        return x, y
+
+    def __getitem__(self, position: int) -> tuple[Tensor, Tensor]:
+        x, y = self.__getitems__([position])
+        return x[0], y[0]
+
+
+def collate_batch(batch: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
+    """The batch is already collated by `__getitems__`; module-level so it pickles into workers."""
+    return batch

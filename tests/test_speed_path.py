@@ -1,0 +1,77 @@
+"""The speed features: device-resident data, speed switches, the speed-run recipe (a few CPU batches)."""
+
+import numpy as np
+import torch
+
+from project.data import CIFARDataModule
+from project.data.tensor_dataset import TensorImageDataset
+from project.lit import ImageClassifier
+from project.models import SimpleCNN
+from project.models.airbench import AirbenchNet
+from tests.conftest import CONFIGS, run_cli
+
+
+def test_tensor_dataset_to_device_reads_memmap_and_keeps_batches(tmp_path):
+    images = np.lib.format.open_memmap(tmp_path / "x.npy", mode="w+", dtype=np.uint8, shape=(10, 3, 4, 4))
+    images[:] = np.arange(10, dtype=np.uint8)[:, None, None, None]
+    images.flush()
+    ds = TensorImageDataset(np.load(tmp_path / "x.npy", mmap_mode="r"), list(range(10)), indices=[9, 3, 5])
+    before = ds.__getitems__([2, 0])
+    ds.to("cpu")
+    after = ds.__getitems__([2, 0])
+    assert isinstance(ds.images, torch.Tensor)
+    assert torch.equal(before[0], after[0]) and torch.equal(after[1], torch.tensor([5, 9]))
+
+
+def test_channels_last_and_tta_flip():
+    model = ImageClassifier(SimpleCNN(num_classes=3), num_classes=3, channels_last=True, tta_flip=True)
+    model.setup("fit")
+    assert model.net.features[0].weight.is_contiguous(memory_format=torch.channels_last)
+    model.eval()
+    x = torch.randn(4, 3, 32, 32)
+    expected = (model.net(x) + model.net(x.flip(-1))) / 2
+    assert torch.allclose(model(x), expected, atol=1e-5)
+    model.train()
+    assert torch.allclose(model(x), model.net(x), atol=1e-5)  # no flip averaging while training
+
+
+def test_airbench_whitening_decorrelates_patches():
+    net = AirbenchNet(num_classes=10)
+    torch.manual_seed(0)
+    x = torch.randn(32, 3, 32, 32) * torch.tensor([1.0, 2.0, 0.5])[:, None, None]
+    x[..., 1:] += 0.8 * x[..., :-1]  # correlated neighbours, like real images
+    net.init_whitening(x)
+    out = net.whiten(x)[:, :12].permute(0, 2, 3, 1).reshape(-1, 12).double()
+    cov = torch.cov(out.T)
+    assert torch.allclose(cov, torch.eye(12, dtype=torch.float64), atol=0.02)
+    assert not net.whiten.weight.requires_grad and net(x).shape == (32, 10)
+
+
+def test_speedrun_recipe_runs_on_cpu(fake_cifar, tmp_path):
+    run_cli(
+        "fit", "--config", CONFIGS / "experiment" / "cifar10_speedrun.yaml", "--config", CONFIGS / "debug.yaml",
+        "--data.data_dir", fake_cifar, "--data.download", "false", "--data.val_size", "100", "--data.batch_size", "64",
+        "--trainer.default_root_dir", tmp_path, "--trainer.limit_train_batches", "3",
+        cwd=tmp_path,
+    )  # fmt: skip
+    ckpt = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=True)
+    whiten = ckpt["state_dict"]["net.whiten.weight"]
+    assert whiten.shape == (24, 3, 2, 2) and whiten.abs().sum() > 0  # set from the data, saved with the model
+    assert ckpt["global_step"] == 3
+
+
+def test_on_device_dataset_follows_the_trainer(fake_cifar):
+    dm = CIFARDataModule(
+        data_dir=str(fake_cifar), download=False, val_size=100, batch_size=16, on_device=True
+    )
+
+    class FakeTrainer:
+        class strategy:  # noqa: N801 - mimics trainer.strategy.root_device
+            root_device = torch.device("cpu")
+
+    dm.trainer = FakeTrainer()
+    dm.setup("fit")
+    loader = dm.train_dataloader()
+    assert loader.num_workers == 0 and not loader.pin_memory
+    x, y = next(iter(loader))
+    assert x.device.type == "cpu" and x.shape == (16, 3, 32, 32)
