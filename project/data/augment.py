@@ -15,19 +15,19 @@ def random_crop(x: Tensor, padding: int, generator: torch.Generator | None = Non
         return x
     n, _, h, w = x.shape
     padded = torch.nn.functional.pad(x, (padding, padding, padding, padding))
+    # Every possible crop as a view: (n, c, 2p+1, 2p+1, h, w); then pick one offset per image (one gather).
+    windows = padded.unfold(2, h, 1).unfold(3, w, 1)
     dy = torch.randint(0, 2 * padding + 1, (n,), device=x.device, generator=generator)
     dx = torch.randint(0, 2 * padding + 1, (n,), device=x.device, generator=generator)
-    rows = (dy[:, None] + torch.arange(h, device=x.device))[:, None, :, None]  # (n, 1, h, 1)
-    cols = (dx[:, None] + torch.arange(w, device=x.device))[:, None, None, :]  # (n, 1, 1, w)
-    batch = torch.arange(n, device=x.device)[:, None, None, None]
-    channels = torch.arange(x.shape[1], device=x.device)[None, :, None, None]
-    return padded[batch, channels, rows, cols]
+    return windows[torch.arange(n, device=x.device), :, dy, dx]
 
 
 def random_flip(x: Tensor, p: float = 0.5, generator: torch.Generator | None = None) -> Tensor:
     """Flip each image left-right with probability `p`."""
     flip = torch.rand(x.shape[0], device=x.device, generator=generator) < p
-    return torch.where(flip[:, None, None, None], x.flip(-1), x)
+    out = x.clone()
+    out[flip] = x[flip].flip(-1)  # touches only the flipped half
+    return out
 
 
 def cutout(x: Tensor, size: int, generator: torch.Generator | None = None) -> Tensor:
@@ -44,5 +44,7 @@ def cutout(x: Tensor, size: int, generator: torch.Generator | None = None) -> Te
 
 
 def normalize(x: Tensor, mean: Tensor, std: Tensor) -> Tensor:
-    """uint8 (or float in [0, 255]) images to float, standardised per channel."""
-    return (x.float() / 255.0 - mean.view(1, -1, 1, 1)) / std.view(1, -1, 1, 1)
+    """uint8 (or float in [0, 255]) images to float, standardised per channel: (x / 255 - mean) / std."""
+    scale = (1.0 / (255.0 * std)).view(1, -1, 1, 1)
+    shift = (mean / std).view(1, -1, 1, 1)
+    return torch.addcmul(-shift, x.float(), scale)  # one fused pass instead of three
