@@ -4,9 +4,14 @@ PY := $(VENV)/bin/python
 PYTHON ?= python3
 CONFIG ?= configs/cifar10.yaml
 ARGS ?=
+# The pinned versions (constraints.txt) are the tested ones; `make install CONSTRAINTS=` installs from the
+# version ranges in pyproject.toml instead (what CI does on the Python versions the pins were not made on).
+CONSTRAINTS ?= constraints.txt
+# The lint hooks run the environment's tools (see .pre-commit-config.yaml).
+WITH_VENV := PATH="$(abspath $(VENV))/bin:$$PATH"
 
 .DEFAULT_GOAL := help
-.PHONY: help install train test test-fast lint format clean clean-all
+.PHONY: help install train test test-fast lint format hooks clean clean-all
 
 help: ## List the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -14,7 +19,7 @@ help: ## List the targets
 $(VENV)/.installed: pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -c constraints.txt -e '.[dev]'
+	$(PY) -m pip install -q $(if $(CONSTRAINTS),-c $(CONSTRAINTS)) -e '.[dev]'
 	touch $@
 
 install: $(VENV)/.installed ## Create .venv and install the project with the pinned versions (constraints.txt)
@@ -28,17 +33,27 @@ test: install ## Run the test suite on the CPU (a few minutes)
 test-fast: install ## The suite without the slow end-to-end runs
 	$(PY) -m pytest -m "not slow"
 
-lint: install ## Check lint and formatting (ruff)
-	$(PY) -m ruff check .
-	$(PY) -m ruff format --check .
+lint: install ## The pre-commit checks on every file: ruff, nbstripout, hygiene (fails if any fixed something)
+	$(WITH_VENV) $(PY) -m pre_commit run --all-files --show-diff-on-failure
 
-format: install ## Fix lint and format the code (ruff)
+format: install ## Fix what can be fixed: ruff fixes and formatting, notebook outputs stripped
 	$(PY) -m ruff check --fix .
 	$(PY) -m ruff format .
+	git ls-files -z '*.ipynb' | xargs -0 -r $(VENV)/bin/nbstripout --keep-id
 
-clean: ## Remove caches and build outputs (keeps data/, logs/ and checkpoints)
-	rm -rf .pytest_cache .ruff_cache build dist *.egg-info
-	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -exec rm -rf {} +
+hooks: install ## Run the lint checks on every `git commit` (pre-commit install)
+	$(PY) -m pre_commit install
 
-clean-all: clean ## Also remove logs/ (runs, checkpoints, W&B) and .venv; never data/
-	rm -rf logs $(VENV)
+# In logs/: metrics, configs, W&B runs, profiler traces, memory snapshots and plots go, and so do the temporary
+# checkpoints an interrupted LR or batch-size finder leaves behind; your checkpoints (*.ckpt) stay.
+clean: ## Remove caches, build outputs and logs; keeps data/ and checkpoints (*.ckpt)
+	rm -rf .pytest_cache .ruff_cache build dist *.egg-info wandb
+	find . -path ./$(VENV) -prune -o \( -name __pycache__ -o -name .ipynb_checkpoints \) -type d -exec rm -rf {} +
+	for d in logs lightning_logs; do \
+		[ -d $$d ] || continue; \
+		find $$d -type f \( ! -name '*.ckpt' -o -name '.lr_find_*.ckpt' -o -name '.scale_batch_size_*.ckpt' \) -delete; \
+		find $$d -depth -mindepth 1 -type d -empty -delete; \
+	done
+
+clean-all: clean ## Also remove logs/ with its checkpoints and W&B runs, and .venv; never data/
+	rm -rf logs lightning_logs $(VENV)

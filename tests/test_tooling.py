@@ -1,0 +1,233 @@
+"""The habits handed to users: `make help/clean/clean-all/lint/format/hooks`, pre-commit and the CI workflow.
+
+Make targets run for real in temporary folders (a scratch git repository for the lint hooks), against the
+running environment's tools; `-o <venv>/.installed` keeps them from ever reinstalling anything.
+"""
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import ROOT
+
+VENV = Path(sys.prefix)  # the environment running the tests: ruff, pre-commit and the hooks' tools
+pytestmark = pytest.mark.skipif(
+    shutil.which("make") is None or shutil.which("git") is None, reason="needs make and git"
+)
+
+
+def make(*args: str, cwd: Path, venv: Path = VENV) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PRE_COMMIT_HOME": str(cwd / ".pre-commit-home")}
+    command = ["make", "-f", str(ROOT / "Makefile"), "-o", f"{venv}/.installed", f"VENV={venv}", *args]
+    return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+
+
+def git(*args: str, cwd: Path, **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, timeout=60, **kwargs)
+
+
+def test_make_help_lists_every_target_with_one_line():
+    makefile = (ROOT / "Makefile").read_text()
+    targets = set(re.findall(r"^([a-z][a-z_-]*):", makefile, re.M))
+    phony = set(re.search(r"^\.PHONY:(.*)$", makefile, re.M).group(1).split())
+    out = make("help", cwd=ROOT).stdout
+    listed = dict(re.findall(r"^  make (\S+) +(\S.*)$", out, re.M))
+    assert set(listed) == targets == phony
+    assert len(out.strip().splitlines()) == len(targets)  # one line each
+
+
+def test_make_clean_keeps_data_and_checkpoints_and_clean_all_removes_logs(tmp_path):
+    kept = [
+        "data/cifar-10-batches-py/data_batch_1",
+        "logs/runs/version_0/checkpoints/last.ckpt",
+        "logs/runs/version_0/checkpoints/epoch003-val_acc0.9100.ckpt",
+        "notes.txt",
+    ]
+    removed = [
+        "logs/runs/version_0/metrics.csv",
+        "logs/runs/version_0/config.yaml",
+        "logs/runs/version_0/lr_find.png",
+        "logs/runs/version_0/memory_snapshot_step5.pickle",
+        "logs/runs/version_0/profiler/fit-profile.txt",
+        "logs/.lr_find_0b1c.ckpt",
+        "logs/.scale_batch_size_0b1c.ckpt",
+        "logs/wandb/offline-run-1/run-1.wandb",
+        "wandb/offline-run-2/run-2.wandb",
+        ".pytest_cache/v/cache/lastfailed",
+        ".ruff_cache/0.17/x",
+        "project/__pycache__/cli.cpython-311.pyc",
+        "notebooks/.ipynb_checkpoints/a-checkpoint.ipynb",
+        "build/lib/project/cli.py",
+        "dist/project-0.1.0.tar.gz",
+        "project.egg-info/PKG-INFO",
+    ]
+    fake_venv = tmp_path / "venv"
+    for name in [*kept, *removed, "venv/bin/python"]:
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("x")
+
+    assert make("clean", cwd=tmp_path, venv=fake_venv).returncode == 0
+    assert [n for n in kept if not (tmp_path / n).exists()] == []
+    assert [n for n in removed if (tmp_path / n).exists()] == []
+    assert not (tmp_path / "logs/runs/version_0/profiler").exists() and not (tmp_path / "logs/wandb").exists()
+    assert (fake_venv / "bin/python").exists()
+
+    assert make("clean-all", cwd=tmp_path, venv=fake_venv).returncode == 0
+    assert not (tmp_path / "logs").exists() and not fake_venv.exists()
+    assert (tmp_path / "data/cifar-10-batches-py/data_batch_1").exists() and (tmp_path / "notes.txt").exists()
+
+
+@pytest.fixture
+def repo(tmp_path) -> Path:
+    """A git repository with the template's lint configuration and clean files, committed."""
+    for name in [".pre-commit-config.yaml", "pyproject.toml", ".github/workflows/ci.yml"]:
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(ROOT / name, tmp_path / name)
+    (tmp_path / "ok.py").write_text('"""A clean module."""\n\nVALUE = 1\n')
+    (tmp_path / ".gitignore").write_text(".pre-commit-home/\n")
+    git("init", "-q", cwd=tmp_path)
+    git("config", "user.email", "test@example.com", cwd=tmp_path)
+    git("config", "user.name", "Test", cwd=tmp_path)
+    git("add", ".", cwd=tmp_path)
+    git("commit", "-q", "-m", "clean", cwd=tmp_path)
+    return tmp_path
+
+
+NOTEBOOK = {
+    "cells": [
+        {
+            "cell_type": "code",
+            "execution_count": 3,
+            "id": "a1",
+            "metadata": {},
+            "outputs": [{"name": "stdout", "output_type": "stream", "text": ["42\n"]}],
+            "source": ["print(42)"],
+        }
+    ],
+    "metadata": {},
+    "nbformat": 4,
+    "nbformat_minor": 5,
+}
+
+
+def write_problems(repo: Path) -> None:
+    (repo / "messy.py").write_text("import os, sys\nx = {  'a':1 }\n")  # unused imports, formatting
+    (repo / "debug.py").write_text("def f():\n    breakpoint()\n")  # not fixable: must fail
+    (repo / "notes.md").write_text("trailing spaces   \nno final newline")
+    (repo / "broken.yaml").write_text("a: [1, 2\n")
+    (repo / "run.ipynb").write_text(json.dumps(NOTEBOOK, indent=1) + "\n")
+    git("add", ".", cwd=repo)
+
+
+def hook_results(output: str) -> dict[str, str]:
+    return {
+        m[0].rstrip("."): m[1] for m in re.findall(r"^(\S.*?\.{3,})(Passed|Failed|Skipped)", output, re.M)
+    }
+
+
+def test_every_hook_tool_is_in_the_environment():
+    config = yaml.safe_load((ROOT / ".pre-commit-config.yaml").read_text())
+    hooks = [hook for repo in config["repos"] for hook in repo["hooks"]]
+    assert {"ruff-check", "ruff-format", "nbstripout", "trailing-whitespace", "end-of-file-fixer"} <= {
+        h["id"] for h in hooks
+    }
+    # `make install` must provide every tool a hook runs (they are dev dependencies).
+    missing = [h["entry"].split()[0] for h in hooks if not (VENV / "bin" / h["entry"].split()[0]).exists()]
+    assert missing == []
+
+
+def test_make_lint_passes_clean_files_and_fails_and_fixes_problems(repo):
+    clean = make("lint", cwd=repo)
+    assert clean.returncode == 0, clean.stdout + clean.stderr
+    assert (
+        hook_results(clean.stdout)["GitHub workflows match GitHub's schema (vendored, offline)"] == "Passed"
+    )
+
+    write_problems(repo)
+    proc = make("lint", cwd=repo)
+    assert proc.returncode != 0
+    results = hook_results(proc.stdout)
+    failed = {name for name, result in results.items() if result == "Failed"}
+    assert {
+        "ruff check (lint, fix what it can)",
+        "ruff format",
+        "nbstripout (notebook outputs)",
+        "trailing whitespace",
+        "one newline at end of file",
+        "YAML parses (configs, workflows)",
+        "no breakpoint() / pdb left in",
+    } <= failed
+    # What can be fixed was fixed in place; what cannot is left for the author.
+    assert (repo / "messy.py").read_text() == 'x = {"a": 1}\n'
+    assert (repo / "notes.md").read_text() == "trailing spaces\nno final newline\n"
+    cell = json.loads((repo / "run.ipynb").read_text())["cells"][0]
+    assert cell["outputs"] == [] and cell["execution_count"] is None and cell["id"] == "a1"
+    assert "breakpoint()" in (repo / "debug.py").read_text()
+
+
+def test_make_format_fixes_code_and_notebooks(repo):
+    write_problems(repo)
+    assert make("format", cwd=repo).returncode == 0
+    assert (repo / "messy.py").read_text() == 'x = {"a": 1}\n'
+    assert json.loads((repo / "run.ipynb").read_text())["cells"][0]["outputs"] == []
+
+
+def test_make_hooks_checks_every_commit(repo):
+    assert make("hooks", cwd=repo).returncode == 0
+    assert "pre-commit" in (repo / ".git/hooks/pre-commit").read_text()
+    env = {
+        **os.environ,
+        "PATH": f"{VENV / 'bin'}:{os.environ['PATH']}",
+        "PRE_COMMIT_HOME": str(repo / ".pre-commit-home"),
+    }
+    (repo / "messy.py").write_text("import os, sys\nx = {  'a':1 }\n")
+    git("add", "messy.py", cwd=repo)
+    refused = git("commit", "-m", "messy", cwd=repo, env=env)
+    assert refused.returncode != 0
+    assert hook_results(refused.stdout + refused.stderr)["ruff check (lint, fix what it can)"] == "Failed"
+    assert (repo / "messy.py").read_text() == 'x = {"a": 1}\n'  # fixed: stage it and commit again
+    git("add", "messy.py", cwd=repo)
+    assert git("commit", "-m", "tidy", cwd=repo, env=env).returncode == 0
+
+
+def test_install_can_skip_the_pins(tmp_path):
+    # Dry runs (-n: print, execute nothing) of the install recipe: pinned by default, pyproject's ranges
+    # with CONSTRAINTS= (what CI uses on Python versions other than the one the pins were resolved on).
+    def dry_run(*args: str) -> str:
+        command = [
+            "make",
+            "-n",
+            "-B",
+            "-f",
+            str(ROOT / "Makefile"),
+            f"VENV={tmp_path / 'venv'}",
+            "install",
+            *args,
+        ]
+        return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=60).stdout
+
+    assert "pip install -q -c constraints.txt -e '.[dev]'" in dry_run()
+    ranges = dry_run("CONSTRAINTS=")
+    assert "-e '.[dev]'" in ranges and "-c " not in ranges
+
+
+def test_ci_workflow_runs_the_readme_test_command_on_python_310_to_312():
+    workflow = yaml.safe_load((ROOT / ".github/workflows/ci.yml").read_text())
+    triggers = workflow.get("on", workflow.get(True))  # YAML 1.1 reads a bare `on` as True
+    assert {"push", "pull_request"} <= set(triggers)
+    test = workflow["jobs"]["test"]
+    assert test["strategy"]["matrix"]["python"] == ["3.10", "3.11", "3.12"]
+    setup = next(s for s in test["steps"] if s.get("uses", "").startswith("actions/setup-python"))
+    assert setup["with"]["python-version"] == "${{ matrix.python }}" and setup["with"]["cache"] == "pip"
+    assert "constraints.txt" in setup["with"]["cache-dependency-path"]
+    readme_test = re.search(r"^(make test)\b", (ROOT / "README.md").read_text(), re.M).group(1)
+    runs = [s["run"] for s in test["steps"] if "run" in s]
+    assert any(run.startswith(readme_test + " ") for run in runs)
+    assert any(s.get("run", "").startswith("make lint") for s in workflow["jobs"]["lint"]["steps"])
