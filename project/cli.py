@@ -24,7 +24,14 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveCon
 # Importing these makes their short class names (`class_path: SimpleCNN`) resolvable in configs.
 import project.callbacks  # noqa: F401
 import project.models  # noqa: F401
-from project.callbacks import BestAndLastCheckpoint, PredictionWriter
+from project.callbacks import (
+    BestAndLastCheckpoint,
+    DataWaitMonitor,
+    GradientNormMonitor,
+    NonFiniteGuard,
+    PredictionWriter,
+    WandbDashboard,
+)
 from project.data import ImageDataModule
 from project.errors import UserError
 from project.lit import ImageClassifier
@@ -101,6 +108,11 @@ class ProjectCLI(LightningCLI):
         parser.add_lightning_class_args(RichModelSummary, "model_summary")
         parser.set_defaults({"model_summary.max_depth": 2})
         parser.add_lightning_class_args(PredictionWriter, "prediction_writer")
+        # Cheap training diagnostics and the W&B dashboard, on by default (issue 5; README "Training diagnostics").
+        parser.add_lightning_class_args(GradientNormMonitor, "grad_norm")
+        parser.add_lightning_class_args(NonFiniteGuard, "nonfinite_guard")
+        parser.add_lightning_class_args(DataWaitMonitor, "data_wait")
+        parser.add_lightning_class_args(WandbDashboard, "wandb_dashboard")
 
         parser.link_arguments("data.num_classes", "model.num_classes", apply_on="instantiate")
         parser.link_arguments("data.num_classes", "model.net.init_args.num_classes", apply_on="instantiate")
