@@ -18,6 +18,7 @@ import functools
 import json
 import logging
 import os
+import pydoc
 import types
 from collections import defaultdict
 from collections.abc import Iterator
@@ -135,9 +136,12 @@ def _split_reused_modules(graph: GraphModule) -> None:
         if node.op == "call_function" and stack and "source_fn_stack" not in node.meta:
             groups[list(stack.values())[-1]].append(node)
     for (name, kind), nodes in groups.items():
-        if len(nodes) > 1 and isinstance(kind, type) and len({n.target for n in nodes}) == 1:
+        if len(nodes) < 2 or len({n.target for n in nodes}) != 1:
+            continue
+        module_type = pydoc.locate(kind) if isinstance(kind, str) else kind  # export records the class's path
+        if isinstance(module_type, type):
             for i, node in enumerate(nodes):
-                node.meta["source_fn_stack"] = [(f"{name}@{i}", kind)]
+                node.meta["source_fn_stack"] = [(f"{name}@{i}", module_type)]
 
 
 def _nudge_zero_batchnorm_weights(net: nn.Module) -> int:

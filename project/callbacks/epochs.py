@@ -5,7 +5,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from project.errors import UserError
 
 
-def resolve_epoch(value: int, max_epochs: int | None, name: str) -> int:
+def resolve_epoch(value: int, max_epochs: int | None, name: str, notify: bool = True) -> int:
     """The epoch index `value` stands for: `-1` is the last epoch of `max_epochs`, `-5` the fifth from the end.
 
     Values beyond the run are clamped into it (a short debug run still exercises the schedule), with a notice.
@@ -19,6 +19,6 @@ def resolve_epoch(value: int, max_epochs: int | None, name: str) -> int:
         )
     resolved = max_epochs + value if value < 0 else value
     clamped = min(max(resolved, 0), max_epochs - 1)
-    if clamped != resolved:
+    if clamped != resolved and notify:
         rank_zero_info(f"{name}={value} is outside trainer.max_epochs={max_epochs}: using epoch {clamped}")
     return clamped

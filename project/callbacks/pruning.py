@@ -110,20 +110,23 @@ class ProgressivePruning(ModelPruning):
 
     # -- the schedule ---------------------------------------------------------------------------------------
     def resolved_end_epoch(self, trainer: L.Trainer) -> int:
-        return self._epochs(trainer)[1]
+        """The epoch whose start reaches the target sparsity (and makes the pruning permanent)."""
+        return self._epochs(trainer, notify=False)[1]
 
-    def _epochs(self, trainer: L.Trainer) -> tuple[int, int]:
-        start = resolve_epoch(self.start_epoch, trainer.max_epochs, "ProgressivePruning.start_epoch")
-        end = resolve_epoch(self.end_epoch, trainer.max_epochs, "ProgressivePruning.end_epoch")
+    def _epochs(self, trainer: L.Trainer, notify: bool = True) -> tuple[int, int]:
+        max_epochs = trainer.max_epochs
+        start = resolve_epoch(self.start_epoch, max_epochs, "ProgressivePruning.start_epoch", notify)
+        end = resolve_epoch(self.end_epoch, max_epochs, "ProgressivePruning.end_epoch", notify)
         if end < start:
             if self.start_epoch >= 0 and self.end_epoch >= 0:
                 raise UserError(
                     f"ProgressivePruning: end_epoch ({self.end_epoch}) comes before start_epoch ({self.start_epoch})"
                 )
-            rank_zero_info(
-                f"ProgressivePruning: the run (trainer.max_epochs={trainer.max_epochs}) is too short for "
-                f"start_epoch={self.start_epoch}, end_epoch={self.end_epoch}: pruning at epoch {end} in one step"
-            )
+            if notify:
+                rank_zero_info(
+                    f"ProgressivePruning: the run (trainer.max_epochs={trainer.max_epochs}) is too short for "
+                    f"start_epoch={self.start_epoch}, end_epoch={self.end_epoch}: pruning at epoch {end} in one step"
+                )
             start = end
         return start, end
 

@@ -76,6 +76,7 @@ class QuantizationAwareTraining(Callback):
         self.report: dict[str, Any] = {}
         self._float_keys: set[str] = set()
         self._epochs: dict[str, int | None] = {}
+        self._epoch_seen = -1
 
     # -- schedule -------------------------------------------------------------------------------------------
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -117,10 +118,12 @@ class QuantizationAwareTraining(Callback):
         for callback in trainer.callbacks:
             if isinstance(callback, ProgressivePruning):
                 end = callback.resolved_end_epoch(trainer)
-                if end >= start:
+                if (
+                    end > start
+                ):  # equal is fine: the final pruning step comes at the epoch's start, QAT at its first batch
                     raise UserError(
                         f"pruning ends at epoch {end} but quantization-aware training starts at epoch {start}: "
-                        "pruning must end first (set ProgressivePruning.end_epoch earlier than "
+                        "pruning must end first (set ProgressivePruning.end_epoch no later than "
                         "QuantizationAwareTraining.start_epoch)"
                     )
             elif isinstance(callback, ModelPruning):
@@ -129,8 +132,13 @@ class QuantizationAwareTraining(Callback):
                     f"QAT starts), not with {type(callback).__name__}"
                 )
 
-    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
+        # At the first batch rather than at epoch start: after every callback's on_train_epoch_start (the last
+        # pruning step, which must precede the capture of the network).
         epoch = trainer.current_epoch
+        if epoch == self._epoch_seen:
+            return
+        self._epoch_seen = epoch
         if not self.prepared and epoch >= self._epochs["start"]:
             self._prepare(pl_module, self._example_shape(pl_module))
             rank_zero_info(
@@ -304,7 +312,8 @@ class QuantizationAwareTraining(Callback):
             except importlib.metadata.PackageNotFoundError:
                 versions[package] = None
         return {
-            "format": "torch.export program, INT8 (quantize/dequantize ops), x86; input: normalized float32 (N, C, H, W)",
+            "format": "torch.export program, INT8 (quantize/dequantize ops), x86",
+            "input": "normalized float32 (N, C, H, W): (image / 255 - mean) / std",
             "backend": "torchao PT2E, X86InductorQuantizer"
             + (" (reduce_range)" if self.reduce_range else ""),
             "input_shape": list(self.example_shape),
