@@ -118,9 +118,8 @@ class QuantizationAwareTraining(Callback):
         for callback in trainer.callbacks:
             if isinstance(callback, ProgressivePruning):
                 end = callback.resolved_end_epoch(trainer)
-                if (
-                    end > start
-                ):  # equal is fine: the final pruning step comes at the epoch's start, QAT at its first batch
+                # Equal is fine: the last pruning step comes at the epoch's start, QAT at its first batch.
+                if end > start:
                     raise UserError(
                         f"pruning ends at epoch {end} but quantization-aware training starts at epoch {start}: "
                         "pruning must end first (set ProgressivePruning.end_epoch no later than "

@@ -1,0 +1,94 @@
+"""W&B dashboards read back from an offline run: metrics, config, confusion matrix, worst-prediction table,
+histograms; and the W&B sweep config resolves to a valid `python -m project fit` command."""
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from wandb.sdk.launch.sweeps.utils import create_sweep_command_args
+
+from project.cli import ProjectCLI
+from tests.conftest import CONFIGS, ROOT, run_cli
+from tests.fakes import CIFAR10_CLASSES
+from tests.wandb_reader import read_records, read_run
+
+
+@pytest.mark.slow
+def test_offline_run_records_metrics_config_confusion_matrix_and_worst_predictions(
+    fake_cifar, tmp_path, monkeypatch
+):
+    monkeypatch.setenv("WANDB_DATA_DIR", str(tmp_path / "wandb-data"))  # offline artifacts are staged here
+    logs = tmp_path / "logs"
+    run_cli(
+        "fit", "--config", CONFIGS / "cifar10.yaml", "--config", CONFIGS / "callbacks" / "diagnostics.yaml",
+        "--model.net", "SimpleCNN", "--model.net.init_args.width", "8", "--model.net.init_args.hidden", "32",
+        "--model.optimizer", "torch.optim.AdamW", "--model.optimizer.lr", "0.003", "--model.scheduler", "null",
+        "--data.data_dir", fake_cifar, "--data.download", "false", "--data.val_size", "100",
+        "--data.batch_size", "50", "--trainer.max_epochs", "2", "--trainer.precision", "32-true",
+        "--trainer.log_every_n_steps", "2", "--trainer.enable_progress_bar", "false",
+        "--trainer.default_root_dir", logs, "--wandb_dashboard.watch_log_freq", "2",
+        cwd=tmp_path,
+    )  # fmt: skip
+    (run_dir,) = (logs / "wandb").glob("offline-run-*")
+    run = read_run(run_dir)
+    keys = {key for row in run["history"] for key in row}
+
+    assert {"val/acc", "train/loss", "grad_norm/total", "train/data_wait_step"} <= keys
+    assert "grad_norm/net.features.0.weight" in keys and "update_ratio/net.features.0.weight" in keys
+    assert any(k.startswith("gradients/net.") for k in keys) and any(
+        k.startswith("parameters/net.") for k in keys
+    )
+    assert run["config"]["wandb_dashboard"]["watch"] == "all"
+    assert run["config"]["model"]["net"]["class_path"] == "project.models.SimpleCNN"
+
+    # The confusion matrix: a 10 x 10 table of counts over the 100 validation images, logged every epoch.
+    logged = [row for row in run["history"] if "val/confusion_matrix_table/path" in row]
+    assert len(logged) == 2 and all(row["val/confusion_matrix_table/_type"] == "table-file" for row in logged)
+    table = json.loads((run_dir / "files" / run["summary"]["val/confusion_matrix_table/path"]).read_text())
+    assert table["columns"] == ["Actual", "Predicted", "nPredictions"] and len(table["data"]) == 100
+    assert sum(row[2] for row in table["data"]) == 100
+    assert {row[0] for row in table["data"]} == set(CIFAR10_CLASSES)
+
+    # The worst predictions: a table artifact with the 16 images, their classes and confidences.
+    artifacts = [
+        r.artifact for r in read_records(next(run_dir.glob("run-*.wandb"))) if r.HasField("artifact")
+    ]
+    worst = [a for a in artifacts if "worst_predictions" in a.name][-1]
+    files = {entry.path: entry.local_path for entry in worst.manifest.contents}
+    assert sum(path.startswith("media/images/") and path.endswith(".png") for path in files) == 16
+    rows = json.loads(Path(files["val/worst_predictions.table.json"]).read_text())
+    assert (
+        rows["columns"] == ["image", "true", "predicted", "confidence", "p_true"] and len(rows["data"]) == 16
+    )
+    for image, true, predicted, confidence, p_true in rows["data"]:
+        assert image["_type"] == "image-file" and image["width"] == 32
+        assert true in CIFAR10_CLASSES and predicted in CIFAR10_CLASSES and 0.1 <= confidence <= 1
+        assert 0 <= p_true <= confidence
+    p_true = [row[4] for row in rows["data"]]
+    assert p_true == sorted(p_true)  # worst first
+
+
+def test_sweep_config_resolves_to_a_valid_fit_command(capsys, monkeypatch):
+    sweep = yaml.safe_load((CONFIGS / "sweeps" / "cifar10.yaml").read_text())
+    assert sweep["method"] == "bayes" and sweep["metric"] == {"name": "val/acc_best", "goal": "maximize"}
+    values = {}
+    for name, spec in sweep["parameters"].items():
+        values[name] = spec["values"][-1] if "values" in spec else spec["max"]
+    # What `wandb agent` runs: ${env} and the NAME=VALUE after it set the environment, ${args} are the flags.
+    command = sweep["command"]
+    assert command[:2] == ["${env}", "WANDB_MODE=online"] and command[2:5] == ["python", "-m", "project"]
+    flags = create_sweep_command_args({"args": {k: {"value": v} for k, v in values.items()}})["args"]
+    args = [a for a in command[5:] if a != "${args}"] + flags + ["--print_config"]
+    monkeypatch.chdir(ROOT)
+    with pytest.raises(SystemExit) as exit_info:
+        ProjectCLI(args=args)
+    assert exit_info.value.code in (0, None), capsys.readouterr().err
+    config = yaml.safe_load(capsys.readouterr().out)
+    assert config["model"]["scheduler"]["init_args"]["max_lr"] == values["model.scheduler.init_args.max_lr"]
+    assert (
+        config["model"]["optimizer"]["init_args"]["weight_decay"]
+        == values["model.optimizer.init_args.weight_decay"]
+    )
+    assert config["model"]["label_smoothing"] == values["model.label_smoothing"]
+    assert config["trainer"]["max_epochs"] == 15 and config["wandb_dashboard"]["watch"] is None
