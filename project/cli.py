@@ -27,6 +27,7 @@ import project.models  # noqa: F401
 from project.callbacks import (
     BestAndLastCheckpoint,
     DataWaitMonitor,
+    EffectiveBatchSize,
     GradientNormMonitor,
     NonFiniteGuard,
     PredictionWriter,
@@ -137,6 +138,8 @@ class ProjectCLI(LightningCLI):
         if config.get("enable_model_summary") is False:
             drop += (ModelSummary,)
         callbacks = [c for c in callbacks if not isinstance(c, drop)]
+        # Derives the per-device batch from data.global_batch_size and prints the effective batch size (rank 0).
+        callbacks.append(EffectiveBatchSize())
         return super()._instantiate_trainer(config, callbacks)
 
 

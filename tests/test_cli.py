@@ -3,6 +3,7 @@
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 from project.cli import ProjectCLI
@@ -12,6 +13,15 @@ from tests.conftest import CONFIGS, run_cli
 
 MAIN_CONFIGS = ["cifar10.yaml", "cifar100.yaml", "folder.yaml"]
 STACKABLE = sorted(str(p.relative_to(CONFIGS)) for p in CONFIGS.rglob("*.yaml") if p.name not in MAIN_CONFIGS)
+
+
+def needs_gpu(name: str) -> bool:
+    """Presets that ask for GPUs (trainer/ddp.yaml, fsdp*.yaml) build a Trainer only where CUDA is; on CPUs,
+    tests/test_distributed.py parses them and builds their strategies."""
+    return (yaml.safe_load((CONFIGS / name).read_text()) or {}).get("trainer", {}).get("accelerator") == "gpu"
+
+
+NO_CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="the preset asks for GPUs")
 
 
 def config_args(name: str, tmp_path: Path, image_folder: Path) -> list[str]:
@@ -32,7 +42,9 @@ def test_main_configs_instantiate_with_linked_classes(name, tmp_path, image_fold
     assert model.net(model.example_input_array).shape == (2, data.num_classes)
 
 
-@pytest.mark.parametrize("extra", STACKABLE)
+@pytest.mark.parametrize(
+    "extra", [pytest.param(n, marks=[pytest.mark.gpu, NO_CUDA]) if needs_gpu(n) else n for n in STACKABLE]
+)
 def test_stackable_configs_apply_on_top(extra, tmp_path, image_folder):
     args = config_args("cifar10.yaml", tmp_path, image_folder) + ["--config", str(CONFIGS / extra)]
     cli = ProjectCLI(args=args, run=False)

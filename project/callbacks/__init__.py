@@ -2,6 +2,7 @@
 
 from project.callbacks.checkpoint import BestAndLastCheckpoint
 from project.callbacks.data_wait import DataWaitMonitor
+from project.callbacks.effective_batch_size import EffectiveBatchSize
 from project.callbacks.grad_norm import GradientNormMonitor
 from project.callbacks.nonfinite import NonFiniteError, NonFiniteGuard
 from project.callbacks.prediction_writer import PredictionWriter
@@ -13,6 +14,7 @@ from project.callbacks.wandb_dashboard import WandbDashboard
 
 __all__ = [
     "BestAndLastCheckpoint",
+    "EffectiveBatchSize",
     "PredictionWriter",
     # issue 5: pruning, QAT, training diagnostics, W&B dashboards
     "DataWaitMonitor",

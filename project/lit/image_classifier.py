@@ -8,8 +8,12 @@ import torch
 import torch.nn.functional as F
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import Tensor, nn
+from torch.distributed.fsdp import FullyShardedDataParallel
 from torchmetrics import MaxMetric, MeanMetric, MetricCollection
 from torchmetrics.classification import MulticlassAccuracy
+
+from project.distributed.sharding import shard_network
+from project.errors import UserError
 
 
 class ImageClassifier(L.LightningModule):
@@ -105,7 +109,8 @@ class ImageClassifier(L.LightningModule):
         if self.trainer.sanity_checking:
             return
         self.val_acc_best.update(self.val_metrics["acc"].compute())
-        self.log("val/acc_best", self.val_acc_best.compute(), prog_bar=True, sync_dist=False)
+        # Already the same on every rank; sync_dist only tells Lightning so (and costs one scalar all-reduce).
+        self.log("val/acc_best", self.val_acc_best.compute(), prog_bar=True, sync_dist=True)
 
     def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
         self._shared_step(batch, self.test_metrics, self.test_loss)
@@ -118,6 +123,40 @@ class ImageClassifier(L.LightningModule):
         probs = self(x).float().softmax(dim=-1)
         prob, pred = probs.max(dim=-1)
         return {"index": index, "pred": pred, "prob": prob}
+
+    def configure_model(self) -> None:
+        # Only ModelParallelStrategy (configs/trainer/fsdp2*.yaml) sets a device mesh and expects the module to
+        # shard itself; DDP and FSDPStrategy wrap the module on their own. Lightning builds the optimizer after
+        # this hook, so it sees the sharded parameters.
+        mesh = self.device_mesh
+        if mesh is None:
+            return
+        names = mesh.mesh_dim_names or ()
+        if "tensor_parallel" in names and mesh["tensor_parallel"].size() > 1:
+            raise UserError(
+                "ImageClassifier shards data-parallel only (FSDP2); got tensor_parallel_size="
+                f"{mesh['tensor_parallel'].size()}. Use strategy project.distributed.FSDP2Strategy, or "
+                "ModelParallelStrategy with tensor_parallel_size: 1."
+            )
+        dp_mesh = mesh["data_parallel"] if "data_parallel" in names else mesh
+        shard_network(self.net, dp_mesh, getattr(self.trainer.strategy, "reshard_after_forward", True))
+
+    def configure_gradient_clipping(
+        self,
+        optimizer: Any,
+        gradient_clip_val: float | None = None,
+        gradient_clip_algorithm: str | None = None,
+    ) -> None:
+        # Lightning's FSDPStrategy rejects norm clipping: torch.nn.utils.clip_grad_norm_ would see only this
+        # rank's shard. FSDP's own clip_grad_norm_ reduces the norm over all shards first.
+        if (
+            gradient_clip_val
+            and gradient_clip_algorithm == "norm"
+            and isinstance(self.trainer.model, FullyShardedDataParallel)
+        ):
+            self.trainer.model.clip_grad_norm_(gradient_clip_val)
+            return
+        self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
 
     def configure_optimizers(self) -> Any:
         # Parameters come from trainer.model: under FSDP that is the sharded module the optimizer must see.
@@ -141,10 +180,20 @@ class ImageClassifier(L.LightningModule):
         params = [p for p in model.parameters() if p.requires_grad]
         if self.hparams.weight_decay_norm_and_bias:
             return [{"params": params}]
-        # 1-D tensors are biases and norm scales/offsets.
-        decay = [p for p in params if p.ndim > 1]
-        no_decay = [p for p in params if p.ndim <= 1]
+        # Biases and norm scales/offsets, found by the module that owns them rather than by shape: FSDP (v1)
+        # hands the optimizer every parameter as a flat 1-D shard.
+        exempt = {
+            id(p)
+            for m in model.modules()
+            for name, p in m.named_parameters(recurse=False)
+            if name == "bias" or isinstance(m, _NORM_LAYERS)
+        }
+        decay = [p for p in params if id(p) not in exempt]
+        no_decay = [p for p in params if id(p) in exempt]
         return [{"params": decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+_NORM_LAYERS = (nn.modules.batchnorm._NormBase, nn.GroupNorm, nn.LayerNorm, nn.RMSNorm)
 
 
 def _leaves_unset(factory: Any, name: str) -> bool:

@@ -1,0 +1,77 @@
+"""FSDP2: `fully_shard` applied block by block, then to the whole network.
+
+FSDP2 all-gathers one sharded unit's parameters just before that unit runs and frees them right after, so
+peak memory is the sharded model plus one unit at a time. The unit is the residual block: big enough to keep
+communication efficient, small enough that the gathered copy stays small. Sharding the whole network as one
+unit would gather every parameter at once (no memory saved); sharding every layer would flood the network
+with tiny collectives.
+"""
+
+from collections.abc import Sequence
+
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import FSDPModule, fully_shard
+from torchvision.models.convnext import CNBlock
+from torchvision.models.efficientnet import FusedMBConv, MBConv
+from torchvision.models.mobilenetv2 import InvertedResidual as InvertedResidualV2
+from torchvision.models.mobilenetv3 import InvertedResidual as InvertedResidualV3
+from torchvision.models.regnet import ResBottleneckBlock
+from torchvision.models.resnet import BasicBlock, Bottleneck
+from torchvision.models.swin_transformer import SwinTransformerBlock, SwinTransformerBlockV2
+from torchvision.models.vision_transformer import EncoderBlock
+
+#: The residual blocks of the template's and torchvision's networks: each becomes one FSDP2 unit.
+BLOCK_TYPES: tuple[type[nn.Module], ...] = (
+    BasicBlock,
+    Bottleneck,
+    CNBlock,
+    EncoderBlock,
+    SwinTransformerBlock,
+    SwinTransformerBlockV2,
+    MBConv,
+    FusedMBConv,
+    InvertedResidualV2,
+    InvertedResidualV3,
+    ResBottleneckBlock,
+)
+
+
+def sharding_units(net: nn.Module, block_types: Sequence[type[nn.Module]] = BLOCK_TYPES) -> list[nn.Module]:
+    """The modules to shard one by one, outermost first.
+
+    A network can name its own units with a `sharding_units()` method. Otherwise every module of one of
+    `block_types` is a unit (blocks nested inside a unit are not split further); a network without such
+    blocks (SimpleCNN, MLP) is sharded by its top-level children that hold parameters.
+    """
+    custom = getattr(net, "sharding_units", None)
+    if callable(custom):
+        return list(custom())
+    units: list[nn.Module] = []
+    inside: set[int] = set()
+    for module in net.modules():
+        if id(module) in inside or module is net:
+            continue
+        if isinstance(module, tuple(block_types)):
+            units.append(module)
+            inside.update(id(m) for m in module.modules())
+    if units:
+        return units
+    return [child for child in net.children() if any(p.requires_grad for p in child.parameters())]
+
+
+def shard_network(net: nn.Module, mesh: DeviceMesh, reshard_after_forward: bool = True) -> nn.Module:
+    """`fully_shard` every unit of `net` (see `sharding_units`), then `net` itself, over `mesh`.
+
+    `reshard_after_forward=True` frees each unit's gathered parameters after its forward and gathers them
+    again for backward (ZeRO-3: least memory); `False` keeps them until backward (ZeRO-2-like: less
+    communication, more memory). The root always keeps them: its backward starts right after the forward.
+    Calling it on an already sharded network does nothing (Lightning calls `configure_model` once per
+    `fit`/`validate`/`test`).
+    """
+    if isinstance(net, FSDPModule):
+        return net
+    for unit in sharding_units(net):
+        fully_shard(unit, mesh=mesh, reshard_after_forward=reshard_after_forward)
+    fully_shard(net, mesh=mesh, reshard_after_forward=False)
+    return net
