@@ -160,6 +160,14 @@ def _follow_root_dir(trainer_config: Any) -> None:
             "run",
         ):
             init_args["offline"] = False
+        wandb_offline = logger.class_path.endswith("WandbLogger") and init_args.get("offline")
+        if wandb_offline and init_args.get("log_model"):
+            # Lightning refuses log_model offline (checkpoints cannot be uploaded): keep them on disk instead.
+            warnings.warn(
+                "W&B is offline: checkpoints are not logged as artifacts (log_model needs online)",
+                stacklevel=2,
+            )
+            init_args["log_model"] = False
 
 
 def _user_error(exc: BaseException | None) -> UserError | None:
