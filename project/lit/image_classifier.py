@@ -33,6 +33,16 @@ class ImageClassifier(L.LightningModule):
         label_smoothing: Cross-entropy label smoothing (0.1 is a common choice).
         weight_decay_norm_and_bias: Apply the optimizer's weight decay to norm layers and biases too.
             Default off: decaying them only hurts (they set scale and offset, not capacity).
+        tta_flip: Evaluate (val/test/predict) on the mean of the logits of each image and its mirror image:
+            a free ~0.3-0.5 point on CIFAR, at twice the evaluation cost.
+        channels_last: Store conv weights and inputs NHWC. Helps on GPUs with tensor cores under
+            16-mixed/bf16-mixed precision (cuDNN's fastest convolutions are NHWC); measured slower on CPU here.
+        compile: `torch.compile` the network in place (`nn.Module.compile`, so checkpoint keys do not change).
+            Pays off on long GPU runs; the first steps are slow while it compiles (minutes on a CPU).
+        compile_mode: `torch.compile` mode: `default`, `reduce-overhead` (CUDA graphs, small batches) or
+            `max-autotune` (longest compile, fastest kernels).
+        float32_matmul_precision: `torch.set_float32_matmul_precision` for fp32 matmuls/convs: `high` lets
+            Ampere+ GPUs use TF32 (about 2x faster fp32 training at negligible accuracy cost); no effect on CPU.
     """
 
     def __init__(
@@ -46,6 +56,11 @@ class ImageClassifier(L.LightningModule):
         scheduler_interval: Literal["epoch", "step"] | None = None,
         label_smoothing: float = 0.0,
         weight_decay_norm_and_bias: bool = False,
+        tta_flip: bool = False,
+        channels_last: bool = False,
+        compile: bool = False,
+        compile_mode: Literal["default", "reduce-overhead", "max-autotune"] | None = None,
+        float32_matmul_precision: Literal["highest", "high", "medium"] | None = None,
     ) -> None:
         super().__init__()
         if num_classes < 2:
@@ -75,7 +90,22 @@ class ImageClassifier(L.LightningModule):
         self.train_loss, self.val_loss, self.test_loss = MeanMetric(), MeanMetric(), MeanMetric()
         self.val_acc_best = MaxMetric()
 
+    def setup(self, stage: str) -> None:
+        # Speed switches are applied here, once per process, before the strategy wraps the module.
+        hp = self.hparams
+        if hp.float32_matmul_precision is not None:
+            torch.set_float32_matmul_precision(hp.float32_matmul_precision)
+        if hp.channels_last:
+            self.net.to(memory_format=torch.channels_last)
+        if hp.compile and not getattr(self, "_compiled", False):
+            self.net.compile(mode=hp.compile_mode)
+            self._compiled = True
+
     def forward(self, x: Tensor) -> Tensor:
+        if self.hparams.channels_last and x.ndim == 4:
+            x = x.contiguous(memory_format=torch.channels_last)
+        if self.hparams.tta_flip and not self.training:
+            return (self.net(x) + self.net(x.flip(-1))) / 2
         return self.net(x)
 
     def _shared_step(
