@@ -10,11 +10,11 @@ one-time build cost is reported separately.
 """
 
 import argparse
-import tempfile
 from pathlib import Path
 
 from benchmarks.common import Stopwatch, emit, machine, plain_loader
 from project.data import ImageFolderDataModule
+from project.data.image_cache import default_cache_dir
 
 
 def measure(loader, batches: int, transform=None) -> float:
@@ -41,7 +41,7 @@ def main() -> None:
     args = parser.parse_args()
     emit(benchmark="data_throughput", **machine(), batch_size=args.batch_size, batches=args.batches)
 
-    cache_dir = Path(tempfile.mkdtemp(prefix="bench-cache-"))
+    cache_dir = default_cache_dir()  # keyed by the files: built once, reused by every benchmark
     dm = ImageFolderDataModule(
         root=str(args.root),
         image_size=32,

@@ -13,7 +13,6 @@ Each variant trains `--steps` steps; images/s is measured over the steps after `
 """
 
 import argparse
-import tempfile
 import time
 from pathlib import Path
 
@@ -24,6 +23,7 @@ import torch.nn.functional as F
 from benchmarks.common import emit, machine, plain_loader
 from project.cli import ProjectCLI
 from project.data import ImageFolderDataModule
+from project.data.image_cache import default_cache_dir
 from project.models import CIFARResNet, SimpleCNN
 
 NETS = {"SimpleCNN": SimpleCNN, "CIFARResNet": CIFARResNet}
@@ -106,7 +106,7 @@ def main() -> None:
         warmup=args.warmup,
     )
 
-    cache_dir = Path(tempfile.mkdtemp(prefix="bench-cache-"))
+    cache_dir = default_cache_dir()  # keyed by the files: built once, reused by every benchmark
     dm = ImageFolderDataModule(
         root=str(args.root), image_size=32, batch_size=args.batch_size, cache_dir=str(cache_dir)
     )
