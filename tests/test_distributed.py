@@ -392,7 +392,6 @@ def srun_command(script_args: list[str], tmp_path: Path, env: dict[str, str]) ->
 
 
 def test_slurm_script_starts_lightning_with_slurms_ranks(tmp_path, monkeypatch):
-    assert "sbatch configs/slurm/train.sbatch" in readme_commands("sbatch ")
     cpu = ["--trainer.accelerator", "cpu", "--trainer.strategy.init_args.process_group_backend", "gloo"]
     command = srun_command(cpu, tmp_path, {"CONFIG": "configs/cifar100.yaml"})
     assert command[1:4] == ["-m", "project", "fit"]
