@@ -7,6 +7,7 @@ The CLI wires the pieces together and nothing more: the DataModule's `num_classe
 import importlib
 import logging
 import os
+import signal
 import sys
 import warnings
 from typing import Any
@@ -20,6 +21,7 @@ from lightning.pytorch.callbacks import (
     RichProgressBar,
 )
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 # Importing these makes their short class names (`class_path: SimpleCNN`) resolvable in configs.
 import project.callbacks  # noqa: F401
@@ -36,6 +38,7 @@ from project.callbacks import (
 from project.data import ImageDataModule
 from project.errors import UserError
 from project.lit import ImageClassifier
+from project.reliable_cli import ReliableRunMixin
 
 DEFAULT_ROOT_DIR = "logs"
 
@@ -74,7 +77,7 @@ class LoggerSaveConfigCallback(SaveConfigCallback):
             logger.log_hyperparams(config)
 
 
-class ProjectCLI(LightningCLI):
+class ProjectCLI(ReliableRunMixin, LightningCLI):
     """LightningCLI with the template's defaults: links data -> model, default callbacks and loggers."""
 
     def __init__(self, args: list[str] | None = None, run: bool = True, **kwargs: Any) -> None:
@@ -123,6 +126,7 @@ class ProjectCLI(LightningCLI):
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
         _follow_root_dir(config.trainer)
+        super().before_instantiate_classes()  # ReliableRunMixin: W&B fallback, writable output, resume
 
     def _instantiate_trainer(self, config: dict[str, Any], callbacks: list[Any]) -> Any:
         # Default callbacks step aside when the trainer flag they depend on is off, instead of raising.
@@ -210,6 +214,9 @@ def main(args: list[str] | None = None) -> None:
                 _print_tools()
             return
         ProjectCLI(args=args)
+    except SIGTERMException:  # preemption: Lightning stopped after a batch; BestAndLastCheckpoint saved it
+        print("error: stopped by SIGTERM; resume with the same command plus --ckpt_path last", file=sys.stderr)
+        sys.exit(128 + signal.SIGTERM)
     except Exception as exc:
         user_error = _user_error(exc)
         if user_error is None:

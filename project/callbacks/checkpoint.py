@@ -1,7 +1,11 @@
 """`BestAndLastCheckpoint`: Lightning's ModelCheckpoint with `last.ckpt` always the latest state."""
 
+from typing import Any
+
 import lightning as L
 from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.utilities.exceptions import SIGTERMException
+from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
 
 class BestAndLastCheckpoint(ModelCheckpoint):
@@ -9,9 +13,22 @@ class BestAndLastCheckpoint(ModelCheckpoint):
 
     Lightning 2.6 refreshes `last.ckpt` only when a top-k checkpoint is saved in the same step, so after an
     epoch that does not improve the metric, `last.ckpt` still holds an older state and resuming from it
-    silently repeats epochs. This subclass writes `last.ckpt` at every save point. Every argument is
-    ModelCheckpoint's.
+    silently repeats epochs. This subclass writes `last.ckpt` at every save point, every
+    `last_every_n_train_steps` optimizer steps within an epoch (so a kill loses at most that many steps),
+    and when the run is stopped by SIGTERM (preemption: Lightning stops after the current batch).
+
+    Args:
+        last_every_n_train_steps: Also refresh `last.ckpt` every this many optimizer steps (0: only at the
+            end of each epoch/validation). The best-k checkpoints are still chosen at validation only.
+        **kwargs: ModelCheckpoint's arguments (monitor, mode, save_top_k, save_last, filename, ...).
     """
+
+    def __init__(self, *args: Any, last_every_n_train_steps: int = 1000, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if last_every_n_train_steps < 0:
+            raise ValueError(f"last_every_n_train_steps must be >= 0, got {last_every_n_train_steps}")
+        self.last_every_n_train_steps = last_every_n_train_steps
+        self._last_refreshed_step = -1
 
     def _refresh_last(self, trainer: L.Trainer) -> None:
         if (
@@ -20,6 +37,20 @@ class BestAndLastCheckpoint(ModelCheckpoint):
             and self._last_global_step_saved != trainer.global_step
         ):
             self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
+            self._last_refreshed_step = trainer.global_step
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any, **kwargs: Any
+    ) -> None:
+        super().on_train_batch_end(trainer, pl_module, *args, **kwargs)
+        n = self.last_every_n_train_steps
+        # On SIGTERM Lightning stops right after this hook: save here, at the usual point of a step checkpoint.
+        if (n and trainer.global_step % n == 0) or trainer.received_sigterm:
+            # A periodic save must not count as "saved at this step": the epoch-end save that may follow at the
+            # same step still has to choose the best-k checkpoints and record the validation results.
+            saved_before = self._last_global_step_saved
+            self._refresh_last(trainer)
+            self._last_global_step_saved = saved_before
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         super().on_train_epoch_end(trainer, pl_module)
@@ -30,3 +61,14 @@ class BestAndLastCheckpoint(ModelCheckpoint):
         super().on_validation_end(trainer, pl_module)
         if not self._should_save_on_train_epoch_end(trainer):
             self._refresh_last(trainer)
+
+    def on_exception(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException
+    ) -> None:
+        super().on_exception(trainer, pl_module, exception)
+        if not isinstance(exception, SIGTERMException) or trainer.sanity_checking or trainer.validating:
+            return
+        # SIGTERM that arrived after this step's on_train_batch_end: the state is still between two batches.
+        if self._last_refreshed_step != trainer.global_step:
+            self._refresh_last(trainer)
+        rank_zero_info(f"SIGTERM: the state at step {trainer.global_step} is in {self.last_model_path}")

@@ -14,6 +14,7 @@ from torchmetrics.classification import MulticlassAccuracy
 
 from project.distributed.sharding import shard_network
 from project.errors import UserError
+from project.lit.checks import check_optimizer
 
 
 class ImageClassifier(L.LightningModule):
@@ -67,6 +68,7 @@ class ImageClassifier(L.LightningModule):
             raise ValueError(f"ImageClassifier: num_classes must be at least 2, got {num_classes}")
         if not 0.0 <= label_smoothing < 1.0:
             raise ValueError(f"ImageClassifier: label_smoothing must be in [0, 1), got {label_smoothing}")
+        check_optimizer(optimizer)  # a negative lr etc. fails now, naming model.optimizer, not inside fit
         # The network is saved with the checkpoint's weights; its config is in the saved CLI config.
         self.save_hyperparameters(ignore=["net", "optimizer", "scheduler"])
         self.net = net
