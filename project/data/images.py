@@ -69,6 +69,8 @@ def decode_image(path: Path, size: int) -> np.ndarray:
     """
     with Image.open(path) as im:
         im.draft("RGB", (size, size))  # JPEG: decode at a reduced scale directly, much faster
+        if im.mode.startswith("I") or im.mode == "F":
+            im = _high_depth_to_8bit(im)  # PIL's convert("RGB") would clip 16-bit grayscale to white
         if im.mode == "P":
             im = im.convert("RGBA")  # palette transparency must go through RGBA
         im = im.convert("RGB")
@@ -78,6 +80,17 @@ def decode_image(path: Path, size: int) -> np.ndarray:
         im = im.resize((nw, nh), Image.Resampling.BILINEAR)
         left, top = (nw - size) // 2, (nh - size) // 2
         return np.array(im.crop((left, top, left + size, top + size)))
+
+
+def _high_depth_to_8bit(im: Image.Image) -> Image.Image:
+    """16/32-bit integer grayscale (16-bit PNG/TIFF: modes I;16*, I) scaled from the 16-bit range, and float
+    grayscale (F) from [0, 1] (or clipped to [0, 255] when its values exceed 1), to 8-bit L."""
+    a = np.asarray(im, dtype=np.float64)
+    if im.mode != "F":
+        a = a / 257.0  # 0..65535 -> 0..255
+    elif a.size and np.nanmax(a) <= 1.0:
+        a = a * 255.0
+    return Image.fromarray(np.clip(np.nan_to_num(np.rint(a)), 0, 255).astype(np.uint8), "L")
 
 
 def load_image(path: Path, size: int) -> np.ndarray:
