@@ -1,0 +1,183 @@
+"""Surviving kills: atomic checkpoint writes, periodic and SIGTERM checkpoints, `--ckpt_path last` resume.
+
+The end-to-end test kills a real `python -m project fit` with SIGKILL at several moments (during a checkpoint
+write, and at random delays after progress), once with SIGTERM (preemption), resumes each time with
+`--ckpt_path last` and checks the finished run against an uninterrupted one with the same seed.
+"""
+
+import csv
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from project.callbacks.rng_state import collect_rng_states, set_rng_states
+from project.checkpoint_io import AtomicCheckpointIO, partial_path
+from project.resume import find_last_checkpoint, keep_csv_metrics
+from tests.conftest import CONFIGS, ROOT, run_cli
+
+
+class Unpicklable:
+    def __reduce__(self):
+        raise RuntimeError("simulated crash in the middle of writing a checkpoint")
+
+
+def test_atomic_write_keeps_the_previous_checkpoint_when_a_write_fails(tmp_path):
+    io, path = AtomicCheckpointIO(), tmp_path / "ckpts" / "last.ckpt"
+    io.save_checkpoint({"state_dict": {"w": torch.ones(3)}, "global_step": 1}, path)
+    big = {"state_dict": {"w": torch.zeros(1_000_000)}, "global_step": 2, "payload": Unpicklable()}
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        io.save_checkpoint(big, path)
+    # The previous checkpoint is intact, and no temporary file is left behind.
+    assert torch.load(path, weights_only=True)["global_step"] == 1
+    assert list(path.parent.iterdir()) == [path]
+    io.save_checkpoint({"state_dict": {"w": torch.ones(3)}, "global_step": 3}, path)
+    assert torch.load(path, weights_only=True)["global_step"] == 3
+
+
+def test_a_leftover_partial_file_is_ignored_and_replaced(tmp_path):
+    path = tmp_path / "last.ckpt"
+    partial_path(path).write_bytes(b"half a checkpoint from a killed process")
+    assert find_last_checkpoint(tmp_path) is None  # a partial file is never mistaken for a checkpoint
+    AtomicCheckpointIO().save_checkpoint({"global_step": 5}, path)
+    assert torch.load(path, weights_only=True)["global_step"] == 5 and not partial_path(path).exists()
+
+
+def test_find_last_checkpoint_picks_the_newest(tmp_path):
+    old, new = (
+        tmp_path / "runs/version_0/checkpoints/last.ckpt",
+        tmp_path / "runs/version_1/checkpoints/last-v1.ckpt",
+    )
+    for i, p in enumerate([old, new, tmp_path / "runs/version_1/checkpoints/epoch001.ckpt"]):
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(b"x")
+        os.utime(p, ns=(10**18 + i, 10**18 + i))
+    assert find_last_checkpoint(tmp_path) == new
+    assert find_last_checkpoint(tmp_path, dirpath=old.parent) == old
+    assert find_last_checkpoint(tmp_path / "nothing") is None
+
+
+def test_rng_states_round_trip_through_a_weights_only_checkpoint(tmp_path):
+    import random as pyrandom
+
+    import numpy as np
+
+    torch.manual_seed(0)
+    states = collect_rng_states()
+    torch.save({"rng": states}, tmp_path / "c.ckpt")
+    expected = (torch.rand(3), np.random.rand(3), pyrandom.random())
+    set_rng_states(torch.load(tmp_path / "c.ckpt", weights_only=True)["rng"])
+    again = (torch.rand(3), np.random.rand(3), pyrandom.random())
+    assert torch.equal(expected[0], again[0]) and (expected[1] == again[1]).all() and expected[2] == again[2]
+
+
+def test_resumed_csv_metrics_keep_the_rows_before_the_checkpoint(tmp_path):
+    from lightning.pytorch.loggers import CSVLogger
+
+    run = tmp_path / "runs" / "version_0"
+    run.mkdir(parents=True)
+    (run / "metrics.csv").write_text("epoch,step,val/acc\n0,7,0.5\n1,15,0.6\n2,23,0.7\n")
+    logger = CSVLogger(tmp_path, name="runs", version="version_0")
+    keep_csv_metrics(logger, before_step=16)  # the checkpoint was written at step 16: the step-23 row goes
+    logger.log_metrics({"val/acc": 0.65, "epoch": 2}, step=23)
+    logger.save()
+    with open(run / "metrics.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["step"], r["val/acc"]) for r in rows] == [("7", "0.5"), ("15", "0.6"), ("23", "0.65")]
+    assert not (run / ".metrics.csv.resume").exists()
+
+
+# -- end to end --------------------------------------------------------------------------------------------
+def fit_args(data: Path, root: Path, *extra: str) -> list[str]:
+    return [
+        "fit", "--config", CONFIGS / "cifar10.yaml",
+        "--model.net", "project.models.SimpleCNN",
+        "--model.optimizer", "AdamW", "--model.optimizer.init_args.lr", "0.002", "--model.scheduler", "null",
+        "--data.data_dir", data, "--data.download", "false", "--data.val_size", "100", "--data.batch_size", "25",
+        "--trainer.precision", "32-true", "--trainer.max_epochs", "3", "--trainer.deterministic", "true",
+        "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false",
+        "--checkpoint.last_every_n_train_steps", "3", "--trainer.default_root_dir", root, *extra,
+    ]  # fmt: skip
+
+
+def start(args: list, cwd: Path) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    cmd = [sys.executable, str(ROOT / "tests" / "patched_main.py"), *map(str, args)]
+    return subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def wait_for(condition, proc: subprocess.Popen, timeout: float = 300, poll: float = 0.0005) -> bool:
+    """Poll `condition` until it holds (True) or the process ends first (False)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        if proc.poll() is not None:
+            return False
+        time.sleep(poll)
+    raise TimeoutError("the training process made no progress")
+
+
+def mtime(path: Path) -> int:
+    return path.stat().st_mtime_ns if path.exists() else 0
+
+
+def final_val(run: Path) -> dict:
+    with open(run / "metrics.csv") as f:
+        rows = [r for r in csv.DictReader(f) if r.get("val/loss")]
+    return {int(r["epoch"]): (float(r["val/loss"]), float(r["val/acc"])) for r in rows}
+
+
+@pytest.mark.slow
+def test_killed_at_random_moments_resumes_and_matches_an_uninterrupted_run(fake_cifar, tmp_path):
+    reference = start(fit_args(fake_cifar, tmp_path / "ref"), tmp_path)  # runs while the other one is killed
+    root = tmp_path / "killed"
+    run = root / "runs" / "version_0"
+    last = run / "checkpoints" / "last.ckpt"
+    rng = random.Random(20260)
+    steps, moments = [], ["random", "during-write", "sigterm"]
+    for moment in moments:
+        proc = start(fit_args(fake_cifar, root, "--ckpt_path", "last"), tmp_path)
+        before = mtime(last)
+        if (
+            moment == "during-write"
+        ):  # the hidden partial file exists only while a checkpoint is being written
+            hit = wait_for(lambda b=before: partial_path(last).exists() and mtime(last) == b, proc)
+        else:  # after the process has saved progress of its own, at a random moment
+            hit = wait_for(lambda b=before: mtime(last) > b, proc, poll=0.05)
+            time.sleep(rng.uniform(0.0, 1.5))
+        proc.send_signal(signal.SIGTERM if moment == "sigterm" else signal.SIGKILL)
+        out, err = proc.communicate(timeout=300)
+        assert hit and proc.returncode != 0, f"{moment}: the run ended before the kill\n{err[-3000:]}"
+        if moment == "during-write":
+            assert partial_path(last).exists()  # killed mid-write: the half-written file is the hidden one
+        if moment == "sigterm":
+            assert proc.returncode == 128 + signal.SIGTERM and "stopped by SIGTERM" in err, err[-3000:]
+            assert "Traceback" not in err
+        checkpoint = torch.load(last, weights_only=True)  # the previous last.ckpt is intact whatever happened
+        steps.append(checkpoint["global_step"])
+    assert steps == sorted(steps) and steps[-1] > steps[0], steps  # every resume made progress
+
+    out = run_cli(*fit_args(fake_cifar, root, "--ckpt_path", "last"), cwd=tmp_path)
+    assert "Restored all states" in out.stdout + out.stderr
+    assert torch.load(last, weights_only=True)["global_step"] == 3 * 16  # 3 epochs of 400 images / 25
+    _, err = reference.communicate(timeout=600)
+    assert reference.returncode == 0, err[-3000:]
+
+    # One run folder, one W&B run (resumed under the same id), the whole history in one metrics.csv.
+    assert [p.name for p in (root / "runs").iterdir()] == ["version_0"]
+    wandb_ids = {p.name.rsplit("-", 1)[1] for p in (root / "wandb").glob("offline-run-*")}
+    assert len(wandb_ids) == 1 and len(list((root / "wandb").glob("offline-run-*"))) == len(moments) + 1
+    assert torch.load(last, weights_only=True)["run_info"]["wandb_run_id"] in wandb_ids
+
+    killed, uninterrupted = final_val(run), final_val(tmp_path / "ref" / "runs" / "version_0")
+    assert sorted(killed) == sorted(uninterrupted) == [0, 1, 2]
+    (loss, acc), (ref_loss, ref_acc) = killed[2], uninterrupted[2]
+    print("final val (loss, acc): interrupted", killed, "uninterrupted", uninterrupted)
+    assert abs(loss - ref_loss) < 0.1 and abs(acc - ref_acc) <= 0.05, (killed, uninterrupted)
