@@ -38,9 +38,7 @@ from tests.conftest import CONFIGS, ROOT, run_cli
 from tests.probes import PredictionProbe
 from tests.tiny_runs import TRAIN_SIZE, VAL_SIZE, csv_logger_config, fit_args, tiny_cifar
 
-pytestmark = pytest.mark.slow
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-GPU = [pytest.mark.gpu, cuda]
 
 
 @pytest.fixture(scope="module")
@@ -69,6 +67,7 @@ def whole_val_set(cifar: Path) -> tuple[torch.Tensor, torch.Tensor]:
 # -- DDP ---------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_ddp_on_two_processes_matches_one_process(cifar, tmp_path):
     common = ["--data.global_batch_size", TRAIN_SIZE, "--trainer.max_epochs", "3"]
     logger = csv_logger_config(tmp_path / "csv.yaml", tmp_path / "ddp")
@@ -120,6 +119,7 @@ def test_ddp_on_two_processes_matches_one_process(cifar, tmp_path):
 # -- FSDP2 -------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_fsdp2_on_two_processes_trains_clips_and_checkpoints_for_one_process(cifar, tmp_path):
     grads, logits_path = tmp_path / "grads.json", tmp_path / "logits.pt"
     probes = tmp_path / "probes.yaml"
@@ -323,6 +323,7 @@ def test_readme_torchrun_commands_parse(capsys, monkeypatch):
         assert (str(trainer["num_nodes"]), str(trainer["devices"])) == (nnodes, nproc), command
 
 
+@pytest.mark.slow
 def test_torchrun_two_node_ranks_on_one_machine(cifar, tmp_path):
     """The README's CPU torchrun pair, run for real: 2 node ranks rendezvous on 127.0.0.1 and train with gloo."""
     pair = [c for c in readme_commands("torchrun ") if "127.0.0.1" in c]
@@ -433,6 +434,7 @@ def probe_config(path: Path, grads: Path) -> Path:
     return path
 
 
+@pytest.mark.slow
 @pytest.mark.gpu
 @cuda
 def test_fsdp_on_one_gpu_with_cpu_offload_trains_clips_by_norm_and_saves_a_full_checkpoint(cifar, tmp_path):
@@ -455,6 +457,7 @@ def test_fsdp_on_one_gpu_with_cpu_offload_trains_clips_by_norm_and_saves_a_full_
     assert "MixedPrecision" in state or "FSDPPrecision" in state  # 16-mixed: the scaler's state
 
 
+@pytest.mark.slow
 @pytest.mark.gpu
 @cuda
 @pytest.mark.parametrize("preset", ["ddp.yaml", "fsdp2.yaml"])
