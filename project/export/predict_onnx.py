@@ -1,0 +1,107 @@
+"""`python -m project predict_onnx`: batched inference from an exported ONNX model, without PyTorch Lightning.
+
+Reads a folder of images of any size (or a CIFAR split), batches them, runs them through ONNX Runtime
+and writes the same CSV as `python -m project predict` (input, class_index, class_name, probability).
+The images are decoded and normalised by the same functions the DataModules use, with the facts from
+the model's JSON, so on the same inputs the top-1 matches `predict` from the checkpoint.
+"""
+
+import csv
+import os
+from pathlib import Path
+
+from torch.utils.data import DataLoader, Dataset
+
+from project.data.images import ImageFileDataset, list_images
+from project.data.tensor_dataset import TensorImageDataset, collate_batch
+from project.errors import UserError
+from project.export.preprocessing import Preprocessing, read_metadata
+from project.export.runtimes import OnnxRuntime, softmax_top1
+from project.export.tool_args import run_tool
+
+CIFAR_SPLITS = {f"{name}:{split}" for name in ("cifar10", "cifar100") for split in ("train", "test")}
+
+
+def _cifar(spec: str, data_dir: str, pre: Preprocessing) -> tuple[Dataset, list[str]]:
+    import torch
+    from torchvision import datasets
+
+    name, split = spec.split(":")
+    cls = datasets.CIFAR10 if name == "cifar10" else datasets.CIFAR100
+    try:
+        ds = cls(data_dir, train=split == "train", download=False)
+    except (RuntimeError, OSError) as e:
+        raise UserError(
+            f"{name} is not in {Path(data_dir).resolve()} ({e}); set --data_dir to where it is"
+        ) from None
+    if pre.image_size != 32:
+        raise UserError(
+            f"the model expects {pre.image_size}x{pre.image_size} inputs; {name} images are 32x32"
+        )
+    images = torch.from_numpy(ds.data).permute(0, 3, 1, 2).contiguous()
+    return TensorImageDataset(images), [f"{name}/{split}/{i}" for i in range(len(images))]
+
+
+def _folder(folder: Path, pre: Preprocessing) -> tuple[Dataset, list[str]]:
+    if not folder.is_dir():
+        raise UserError(f"--input {folder} is neither a folder nor one of {', '.join(sorted(CIFAR_SPLITS))}")
+    files = list_images(folder)
+    if not files:
+        raise UserError(f"--input folder {folder} contains no images")
+    return ImageFileDataset(files, None, pre.image_size), [str(f) for f in files]
+
+
+def predict_onnx(
+    model: str,
+    input: str,
+    output: str = "predictions.csv",
+    batch_size: int = 64,
+    data_dir: str = "data",
+    num_workers: int = 0,
+    threads: int | None = None,
+) -> Path:
+    """Classify a folder of images (any size and mode) or a CIFAR split with an exported ONNX model.
+
+    Writes input,class_index,class_name,probability rows, like `python -m project predict`; the CSV
+    appears only when every input was classified.
+
+    Args:
+        model: ONNX file written by `export` or `quantize` (its model.json beside it).
+        input: A folder of images (searched recursively), or cifar10:test, cifar10:train, cifar100:test,
+            cifar100:train.
+        output: The CSV file to write.
+        batch_size: Images per ONNX Runtime call.
+        data_dir: Where the CIFAR dataset is, for a CIFAR input.
+        num_workers: DataLoader processes decoding image files in parallel.
+        threads: ONNX Runtime intra-op threads (default: all cores).
+    """
+    if batch_size < 1:
+        raise UserError(f"--batch_size must be at least 1, got {batch_size}")
+    _, pre = read_metadata(model)
+    dataset, names = _cifar(input, data_dir, pre) if input in CIFAR_SPLITS else _folder(Path(input), pre)
+    batched = isinstance(dataset, TensorImageDataset)
+    loader = DataLoader(
+        dataset, batch_size=batch_size, num_workers=num_workers, collate_fn=collate_batch if batched else None
+    )
+    runtime = OnnxRuntime(model, threads=threads)
+
+    path = Path(output)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        with open(tmp, "w", newline="") as f:
+            writer = csv.writer(f)
+            writer.writerow(["input", "class_index", "class_name", "probability"])
+            for images, index in loader:
+                pred, prob = softmax_top1(runtime(pre.normalize(images).numpy()))
+                for i, p, q in zip(index.tolist(), pred.tolist(), prob.tolist(), strict=True):
+                    writer.writerow([names[i], p, pre.class_names[p], f"{q:.6f}"])
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    print(f"{len(names)} predictions written to {path}")
+    return path
+
+
+def main(args: list[str]) -> None:
+    run_tool(predict_onnx, args, prog="python -m project predict_onnx", takes_config=False)

@@ -1,0 +1,109 @@
+"""What a consumer of an exported model must do to an image before the network sees it.
+
+Training normalises batches inside the DataModule, so an exported network expects normalised float input.
+`Preprocessing` carries the facts (input size, mean, std, class names) from the checkpoint into the JSON
+beside every export, and applies them exactly as training did: the same decode (any size and mode ->
+RGB, shorter side resized, centre crop) and the same normalisation function.
+"""
+
+import io
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from project.data.augment import normalize
+from project.data.images import decode_image
+from project.errors import UserError
+
+
+@dataclass(frozen=True)
+class Preprocessing:
+    """Input facts of a trained classifier.
+
+    Args:
+        input_shape: (channels, height, width) of one network input; height == width.
+        mean: Per-channel mean in [0, 1] units, subtracted after scaling pixels to [0, 1].
+        std: Per-channel standard deviation, divided by after subtracting the mean.
+        class_names: One name per output logit, in label order.
+    """
+
+    input_shape: tuple[int, int, int]
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+    class_names: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        channels, height, width = self.input_shape
+        if height != width:
+            raise UserError(f"only square inputs are supported, got input_shape {self.input_shape}")
+        if not len(self.mean) == len(self.std) == channels:
+            raise UserError(
+                f"mean {self.mean} and std {self.std} must have one value per channel ({channels})"
+            )
+
+    @property
+    def image_size(self) -> int:
+        return self.input_shape[1]
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.class_names)
+
+    def normalize(self, images: Tensor) -> Tensor:
+        """uint8 (B, C, H, W) -> float32 network input, exactly as the DataModule does it."""
+        return normalize(images, torch.tensor(self.mean), torch.tensor(self.std))
+
+    def decode(self, source: str | Path | bytes) -> Tensor:
+        """An image file (path or raw bytes) of any size and mode -> uint8 (C, H, W) at the input size.
+
+        Raises the PIL/OS errors of `project.data.images.BAD_IMAGE_ERRORS` for data that is not an image.
+        """
+        file = io.BytesIO(source) if isinstance(source, bytes) else source
+        return torch.from_numpy(np.ascontiguousarray(decode_image(file, self.image_size))).permute(2, 0, 1)
+
+    # -- the JSON beside an export ---------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        return {k: list(v) for k, v in d.items()}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], source: str = "preprocessing") -> "Preprocessing":
+        missing = [k for k in ("input_shape", "mean", "std", "class_names") if k not in d]
+        if missing:
+            raise UserError(f"{source} lacks {', '.join(missing)}")
+        return cls(
+            input_shape=tuple(int(v) for v in d["input_shape"]),
+            mean=tuple(float(v) for v in d["mean"]),
+            std=tuple(float(v) for v in d["std"]),
+            class_names=tuple(str(v) for v in d["class_names"]),
+        )
+
+
+def metadata_path(model_path: str | Path) -> Path:
+    """The JSON that travels with an exported model: `model.onnx` -> `model.json`."""
+    model_path = Path(model_path)
+    return model_path.with_name(model_path.name.split(".")[0] + ".json")
+
+
+def read_metadata(model_path: str | Path) -> tuple[dict[str, Any], Preprocessing]:
+    """(the whole JSON, its preprocessing) of an exported model; UserError naming the file at fault."""
+    path = metadata_path(model_path)
+    if not Path(model_path).is_file():
+        raise UserError(f"model file {model_path} does not exist")
+    if not path.is_file():
+        raise UserError(
+            f"{path} does not exist: an exported model needs the JSON written beside it by "
+            "`python -m project export` (input size, mean/std, class names)"
+        )
+    try:
+        meta = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise UserError(f"{path} is not valid JSON: {e}") from None
+    if not isinstance(meta, dict):
+        raise UserError(f"{path} must hold a JSON object")
+    return meta, Preprocessing.from_dict(meta.get("preprocessing", {}), source=str(path))

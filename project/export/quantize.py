@@ -1,0 +1,221 @@
+"""`python -m project quantize`: the INT8 deployment table for a trained checkpoint."""
+
+import io
+import shlex
+import sys
+from collections.abc import Iterator
+from itertools import islice
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import torch
+
+from project.errors import UserError
+from project.export.export import FILES, export_trained
+from project.export.files import file_size_mb, staged_outputs
+from project.export.measure import accuracy, speed
+from project.export.ort_quantization import (
+    ActivationType,
+    CalibrationMethod,
+    quantize_dynamic_linear,
+    quantize_static_int8,
+)
+from project.export.preprocessing import Preprocessing
+from project.export.qat_artifact import find_qat_artifact, load_qat_runtime
+from project.export.report import VariantResult, log_to_wandb, machine, markdown, write_report
+from project.export.runtimes import OnnxRuntime, Runtime, TorchRuntime
+from project.export.tool_args import run_tool
+from project.export.trained import build_datamodule, load_trained
+
+DYNAMIC_FILE, STATIC_FILE = "model.int8-dynamic.onnx", "model.int8-static.onnx"
+
+
+def _normalised(batches, pre: Preprocessing) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """(uint8 images, labels) loader batches -> (normalised float32 numpy, int64 numpy)."""
+    for x, y in batches:
+        yield pre.normalize(x).numpy(), y.numpy()
+
+
+def _state_dict_mb(net: torch.nn.Module) -> float:
+    buffer = io.BytesIO()
+    torch.save(net.state_dict(), buffer)
+    return buffer.tell() / 2**20
+
+
+def quantize(
+    ckpt_path: str,
+    config: list[str] | None = None,
+    output_dir: str = "quantize",
+    split: Literal["test", "val"] = "test",
+    calibration_batches: int = 16,
+    calibration_method: CalibrationMethod = "minmax",
+    activation_type: ActivationType = "uint8",
+    reduce_range: bool = False,
+    limit_batches: int | None = None,
+    batch_size: int = 64,
+    repeats: int = 20,
+    warmup: int = 3,
+    threads: int | None = None,
+    qat_path: str | None = None,
+    compile_qat: bool = True,
+    wandb: bool = True,
+    wandb_project: str = "lightning-template",
+    seed: int = 0,
+    overrides: list[str] | None = None,
+) -> list[VariantResult]:
+    """Measure accuracy, latency, throughput and size of FP32 and INT8 variants of a trained checkpoint.
+
+    Variants: FP32 eager PyTorch; FP32 ONNX Runtime; dynamic INT8 of the Linear layers; static INT8
+    calibrated on training batches (both with ONNX Runtime's quantization tools); and the QAT INT8 model
+    when a QAT artifact is given or found next to the checkpoint. Accuracy is top-1 on the chosen split;
+    speed is the median of interleaved runs on this CPU after warm-up. Writes quantization.md,
+    quantization.json and the ONNX models (model.onnx, model.int8-*.onnx, model.json) into output_dir,
+    and logs the table to W&B (offline unless WANDB_MODE=online).
+
+    Args:
+        ckpt_path: Checkpoint written by `python -m project fit`.
+        config: Config file(s) of the training run.
+        output_dir: Folder for the report and the quantized models.
+        split: Split the accuracy is measured on: `test`, or `val` (the held-out validation split).
+        calibration_batches: Training batches (of data.batch_size, without augmentation) that calibrate
+            the static INT8 activation ranges.
+        calibration_method: `minmax`, `percentile` or `entropy` range selection for static INT8.
+        activation_type: Static INT8 activations as `uint8` (U8S8, the fast x86 path) or `int8` (S8S8).
+        reduce_range: 7-bit INT8 weights, for CPUs without VNNI if U8S8 saturation costs accuracy.
+        limit_batches: Evaluate on at most this many batches of the split (default: all of it).
+        batch_size: Batch size of the throughput measurement.
+        repeats: Timed runs per variant and batch size (the median is reported).
+        warmup: Untimed runs per variant before timing.
+        threads: CPU threads for every variant (torch and ONNX Runtime alike); default: torch's default.
+        qat_path: INT8 model from quantization-aware training (.pt2 or .onnx); default: one found in the
+            checkpoint's folder, if any (model_int8.pt2 from the QuantizationAwareTraining callback).
+        compile_qat: Run a .pt2 QAT model under torch.compile, which lowers it to INT8 kernels (its
+            deployed form; the first call compiles, before timing starts).
+        wandb: Log the table to a W&B run in output_dir.
+        wandb_project: W&B project name.
+        seed: Seed of the shuffled training batches drawn for calibration (reproducible INT8 scales).
+        overrides: --model.* / --data.* flags for the config parser.
+    """
+    for name, value in (
+        ("calibration_batches", calibration_batches),
+        ("batch_size", batch_size),
+        ("repeats", repeats),
+    ):
+        if value < 1:
+            raise UserError(f"--{name} must be at least 1, got {value}")
+    if threads is not None:
+        if threads < 1:
+            raise UserError(f"--threads must be at least 1, got {threads}")
+        torch.set_num_threads(threads)
+    threads = torch.get_num_threads()
+    command = (
+        "python -m project quantize " + shlex.join(sys.argv[2:]) if sys.argv[1:2] == ["quantize"] else ""
+    )
+
+    trained = load_trained(ckpt_path, config, overrides)
+    pre, out = trained.preprocessing, Path(output_dir)
+    qat_file = Path(qat_path) if qat_path else find_qat_artifact(trained.ckpt_path)
+    if qat_file is not None and not qat_file.is_file():
+        raise UserError(f"--qat_path {qat_file} does not exist")
+
+    datamodule = build_datamodule(trained.config)
+    datamodule.setup("fit")
+    torch.manual_seed(seed)
+    calibration = [x for x, _ in islice(_normalised(datamodule.train_dataloader(), pre), calibration_batches)]
+
+    export_trained(trained, out, formats=("onnx",))
+    with staged_outputs(out) as staging:
+        quantize_dynamic_linear(out / FILES["onnx"], staging / DYNAMIC_FILE)
+        used = quantize_static_int8(
+            out / FILES["onnx"],
+            staging / STATIC_FILE,
+            calibration,
+            method=calibration_method,
+            activation_type=activation_type,
+            reduce_range=reduce_range,
+        )
+
+    # display name -> (W&B key, runtime, size in MB, artifact)
+    variants: dict[str, tuple[str, Runtime, float, str]] = {
+        "FP32 eager": (
+            "fp32_eager",
+            TorchRuntime(trained.net),
+            _state_dict_mb(trained.net),
+            str(trained.ckpt_path),
+        ),
+        "FP32 ONNX Runtime": (
+            "fp32_onnxruntime",
+            OnnxRuntime(out / FILES["onnx"], threads),
+            file_size_mb(out / FILES["onnx"]),
+            FILES["onnx"],
+        ),
+        "dynamic INT8 (Linear layers)": (
+            "int8_dynamic",
+            OnnxRuntime(out / DYNAMIC_FILE, threads),
+            file_size_mb(out / DYNAMIC_FILE),
+            DYNAMIC_FILE,
+        ),
+        f"static INT8, calibrated on {used} training batches": (
+            "int8_static",
+            OnnxRuntime(out / STATIC_FILE, threads),
+            file_size_mb(out / STATIC_FILE),
+            STATIC_FILE,
+        ),
+    }
+    if qat_file is not None:
+        variants["QAT INT8"] = (
+            "int8_qat",
+            load_qat_runtime(qat_file, threads, compile=compile_qat),
+            file_size_mb(qat_file),
+            str(qat_file),
+        )
+    runtimes = {name: v[1] for name, v in variants.items()}
+
+    stage = "test" if split == "test" else "validate"
+    datamodule.setup(stage)
+    loader = datamodule.test_dataloader() if split == "test" else datamodule.val_dataloader()
+    batches = islice(_normalised(loader, pre), limit_batches)
+    scores, samples = accuracy(runtimes, batches, reference="FP32 eager")
+    sample = calibration[0]
+    timing = speed(runtimes, sample, batch_size=batch_size, warmup=warmup, repeats=repeats)
+
+    results = [
+        VariantResult(
+            key=key,
+            variant=name,
+            accuracy=scores[name]["accuracy"],
+            agreement=scores[name]["agreement"],
+            latency_ms=timing[name]["latency_ms"],
+            throughput=timing[name]["throughput"],
+            size_mb=size,
+            artifact=artifact,
+        )
+        for name, (key, _, size, artifact) in variants.items()
+    ]
+    info = {
+        "checkpoint": str(trained.ckpt_path),
+        "split": split,
+        "samples": samples,
+        "calibration_batches": used,
+        "calibration": f"{calibration_method}, {activation_type} activations, per-channel int8 weights"
+        + (", reduced range" if reduce_range else ""),
+        "threads": threads,
+        "batch_size": batch_size,
+        "repeats": repeats,
+        "warmup": warmup,
+        "qat": str(qat_file) if qat_file else None,
+        "qat_compiled": bool(qat_file and qat_file.suffix == ".pt2" and compile_qat),
+        "machine": machine(),
+        "command": command or f"python -m project quantize --ckpt_path {ckpt_path}",
+    }
+    md, js = write_report(results, info, out)
+    print(markdown(results, info))
+    print(f"report: {md} and {js}")
+    if wandb:
+        print(f"W&B run: {log_to_wandb(results, info, out, wandb_project)}")
+    return results
+
+
+def main(args: list[str]) -> None:
+    run_tool(quantize, args, prog="python -m project quantize")

@@ -1,0 +1,1 @@
+"""`python -m project serve`: the trained classifier behind an HTTP endpoint (LitServe, dynamic batching)."""

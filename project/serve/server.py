@@ -1,0 +1,130 @@
+"""`python -m project serve`: an HTTP classification endpoint on LitServe, with dynamic batching."""
+
+import logging
+import os
+import signal
+
+from project.errors import UserError
+from project.export.preprocessing import read_metadata
+from project.export.tool_args import run_tool
+from project.serve.api import ClassifierAPI
+
+
+def serve(
+    ckpt_path: str | None = None,
+    config: list[str] | None = None,
+    onnx: str | None = None,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    max_batch_size: int = 16,
+    batch_timeout: float = 0.01,
+    timeout: float = 30.0,
+    max_upload_mb: float = 10.0,
+    max_image_pixels: int = 40_000_000,
+    workers: int = 1,
+    accelerator: str = "auto",
+    threads: int | None = None,
+    top_k: int = 1,
+    log_level: str = "warning",
+    overrides: list[str] | None = None,
+) -> None:
+    """Serve a trained classifier over HTTP: POST /predict with the image as multipart form field `file`.
+
+    Answers JSON {"class_name", "class_index", "probability"}. Requests are batched dynamically (up to
+    max_batch_size, waiting at most batch_timeout for a batch to fill). An upload that is not an image,
+    is empty or has too many pixels gets a 4xx with a message; a body above max_upload_mb gets 413; a
+    request that waits longer than timeout gets 504. GET /health answers "ok" once the model is loaded,
+    GET /info describes the model. Serve either a checkpoint (--ckpt_path, with --config) or an exported
+    ONNX model (--onnx, with the model.json written beside it).
+
+    Args:
+        ckpt_path: Checkpoint written by `python -m project fit`.
+        config: Config file(s) of the training run.
+        onnx: An ONNX model written by `export` or `quantize` (instead of --ckpt_path).
+        host: Interface to bind; 127.0.0.1 accepts local connections only, 0.0.0.0 all (containers).
+        port: TCP port.
+        max_batch_size: Most requests per forward pass; 1 disables batching.
+        batch_timeout: Seconds a batch waits to fill before it runs.
+        timeout: Seconds a request may wait for the model before it is answered 504.
+        max_upload_mb: Largest request body in MB (413 above).
+        max_image_pixels: Largest width x height of an uploaded image (413 above).
+        workers: Inference worker processes per device.
+        accelerator: `auto`, `cpu` or `cuda` (ONNX models run on the CPU).
+        threads: CPU threads per inference worker.
+        top_k: Also return the top_k most likely classes when above 1.
+        log_level: Server log level (`info` logs every request).
+        overrides: --model.* / --data.* flags for the config parser.
+    """
+    import litserve as ls
+
+    if (ckpt_path is None) == (onnx is None):
+        raise UserError("give exactly one of --ckpt_path (a checkpoint) and --onnx (an exported model)")
+    for name, value in (("max_batch_size", max_batch_size), ("workers", workers), ("top_k", top_k)):
+        if value < 1:
+            raise UserError(f"--{name} must be at least 1, got {value}")
+    if batch_timeout < 0 or timeout <= batch_timeout:
+        raise UserError(f"need 0 <= --batch_timeout < --timeout, got {batch_timeout} and {timeout}")
+    if max_upload_mb <= 0 or max_image_pixels < 1:
+        raise UserError("--max_upload_mb and --max_image_pixels must be positive")
+
+    # Load once here so a bad checkpoint, config or model stops with one clear line, not a worker crash.
+    if onnx:
+        meta, pre = read_metadata(onnx)
+        accelerator = "cpu"
+    else:
+        from project.export.trained import load_trained
+
+        pre = load_trained(ckpt_path, config, overrides).preprocessing
+    info = {
+        "source": onnx or ckpt_path,
+        "classes": list(pre.class_names),
+        "input_shape": list(pre.input_shape),
+    }
+
+    api = ClassifierAPI(
+        ckpt_path=ckpt_path,
+        configs=config,
+        overrides=overrides,
+        onnx_path=onnx,
+        max_batch_size=max_batch_size,
+        batch_timeout=batch_timeout,
+        max_image_pixels=max_image_pixels,
+        threads=threads,
+        top_k=top_k,
+    )
+    server = ls.LitServer(
+        api,
+        accelerator=accelerator,
+        devices=1,
+        workers_per_device=workers,
+        timeout=timeout,
+        max_payload_size=int(max_upload_mb * 2**20),
+        model_metadata=info,
+    )
+    logging.getLogger("litserve").setLevel(log_level.upper())
+    _stop_gracefully_on_signals()
+    print(
+        f"serving {info['source']} on http://{host}:{port}/predict (max_batch_size={max_batch_size})",
+        flush=True,
+    )
+    server.run(host=host, port=port, log_level=log_level, generate_client_file=False, num_api_servers=1)
+
+
+def _stop_gracefully_on_signals() -> None:
+    """SIGTERM (docker stop, Kubernetes) and SIGINT both run LitServe's graceful shutdown, which stops the
+    HTTP and inference worker processes too. Without this SIGTERM kills only this process and orphans
+    the workers, and a server started in the background by a non-interactive shell ignores SIGINT."""
+
+    main_pid = os.getpid()
+
+    def stop(signum: int, frame: object) -> None:
+        if os.getpid() != main_pid:  # a forked HTTP worker (it inherits this handler) that uvicorn stopped
+            raise SystemExit(0)
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+
+
+def main(args: list[str]) -> None:
+    run_tool(serve, args, prog="python -m project serve")

@@ -1,0 +1,53 @@
+"""A small trained run shared by the export, quantize, predict_onnx and serve tests.
+
+`fit` runs once per test session (a SimpleCNN on fake CIFAR, whose classes differ by colour, so a few
+epochs reach high accuracy and INT8 results are comparable). Import the fixtures into a test module with
+`from tests.deploy_fixtures import trained_run, exported  # noqa: F401`.
+"""
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import CONFIGS, run_cli
+
+
+@dataclass
+class TrainedRun:
+    root: Path
+    ckpt: Path
+    config: Path
+    data_dir: Path
+
+    @property
+    def data_args(self) -> list[str]:
+        return ["--data.init_args.data_dir", str(self.data_dir)]
+
+
+@pytest.fixture(scope="session")
+def trained_run(fake_cifar, tmp_path_factory) -> TrainedRun:
+    root = tmp_path_factory.mktemp("deploy_run")
+    run_cli(
+        "fit",
+        "--config", CONFIGS / "cifar10.yaml", "--config", CONFIGS / "debug.yaml",
+        "--model.net", "SimpleCNN", "--model.net.init_args.width", "8", "--model.net.init_args.hidden", "32",
+        "--model.optimizer", "AdamW", "--model.optimizer.init_args.lr", "0.01", "--model.scheduler", "null",
+        "--data.data_dir", fake_cifar, "--data.download", "false", "--data.val_size", "100",
+        "--data.batch_size", "50", "--trainer.max_epochs", "10", "--trainer.limit_train_batches", "8",
+        "--trainer.limit_val_batches", "2", "--trainer.default_root_dir", root,
+        cwd=root,
+    )  # fmt: skip
+    return TrainedRun(
+        root=root, ckpt=root / "checkpoints" / "last.ckpt", config=root / "config.yaml", data_dir=fake_cifar
+    )
+
+
+@pytest.fixture(scope="session")
+def exported(trained_run, tmp_path_factory) -> Path:
+    """model.onnx + model.json of the trained run (exported in-process)."""
+    from project.export.export import export
+
+    out = tmp_path_factory.mktemp("deploy_export")
+    export(str(trained_run.ckpt), format="onnx", output_dir=str(out))
+    return out / "model.onnx"

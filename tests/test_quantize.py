@@ -1,0 +1,101 @@
+"""`python -m project quantize`: the INT8 table (Markdown, JSON, W&B) with figures that can be checked."""
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+import torch
+from torchvision.datasets import CIFAR10
+
+from project.errors import UserError
+from project.export.ort_quantization import quantize_static_int8
+from project.export.quantize import quantize
+from project.export.report import COLUMNS
+from project.export.trained import load_trained
+from tests.conftest import run_cli
+from tests.wandb_reader import read_run
+
+pytest_plugins = ["tests.deploy_fixtures"]  # fixtures: trained_run, exported
+
+ROWS = [
+    "FP32 eager",
+    "FP32 ONNX Runtime",
+    "dynamic INT8 (Linear layers)",
+    "static INT8, calibrated on 3 training batches",
+    "QAT INT8",
+]
+
+
+def _eager_test_accuracy(ckpt, data_dir) -> float:
+    """Top-1 of the checkpoint on the fake CIFAR test split, computed without the quantize code."""
+    trained = load_trained(ckpt)
+    test = CIFAR10(data_dir, train=False, download=False)
+    x = trained.preprocessing.normalize(torch.from_numpy(test.data).permute(0, 3, 1, 2))
+    with torch.no_grad():
+        pred = trained.net(x).argmax(1).numpy()
+    return float((pred == np.array(test.targets)).mean())
+
+
+def test_quantize_report(trained_run, exported, tmp_path):
+    # A run folder with a QAT artifact beside the checkpoint (an INT8 ONNX file stands in for one).
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    shutil.copy(trained_run.ckpt, run / "checkpoints" / "last.ckpt")
+    shutil.copy(trained_run.config, run / "config.yaml")
+    calibration = (
+        np.random.default_rng(0).standard_normal((8, 3, 32, 32)).astype(np.float32) for _ in range(2)
+    )
+    quantize_static_int8(exported, run / "checkpoints" / "model-qat-int8.onnx", calibration)
+
+    out = tmp_path / "report"
+    proc = run_cli(
+        "quantize", "--ckpt_path", run / "checkpoints" / "last.ckpt", "--output_dir", out,
+        *trained_run.data_args, "--calibration_batches", "3", "--repeats", "3", "--warmup", "1", "--threads", "1",
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert {"model.onnx", "model.json", "model.int8-dynamic.onnx", "model.int8-static.onnx"} <= {
+        p.name for p in out.iterdir()
+    }
+
+    markdown = (out / "quantization.md").read_text()
+    assert markdown.splitlines()[0] == "| " + " | ".join(COLUMNS) + " |"
+    assert [line.split(" | ")[0].lstrip("| ") for line in markdown.splitlines()[2:7]] == ROWS
+    assert markdown in proc.stdout
+
+    report = json.loads((out / "quantization.json").read_text())
+    results = {r["variant"]: r for r in report["results"]}
+    assert list(results) == ROWS and report["info"]["samples"] == 100 and report["info"]["threads"] == 1
+    # The FP32 figure is the checkpoint's real test accuracy; ONNX Runtime agrees with eager everywhere.
+    assert results["FP32 eager"]["accuracy"] == pytest.approx(
+        _eager_test_accuracy(trained_run.ckpt, trained_run.data_dir)
+    )
+    assert results["FP32 eager"]["accuracy"] > 0.5
+    assert results["FP32 ONNX Runtime"]["agreement"] == 1.0
+    assert results["dynamic INT8 (Linear layers)"]["agreement"] >= 0.8
+    assert results["static INT8, calibrated on 3 training batches"]["agreement"] >= 0.6
+    for r in report["results"]:
+        assert r["drop_points"] == pytest.approx(100 * (results["FP32 eager"]["accuracy"] - r["accuracy"]))
+        assert r["latency_ms"] > 0 and r["throughput"] > 0 and r["size_mb"] > 0
+    assert (
+        results["static INT8, calibrated on 3 training batches"]["size_mb"]
+        < 0.5 * results["FP32 ONNX Runtime"]["size_mb"]
+    )
+    assert results["QAT INT8"]["artifact"].endswith("model-qat-int8.onnx")
+
+    # The same table reached W&B (offline run in the output folder).
+    (wandb_run,) = (out / "wandb").glob("offline-run-*")
+    recorded = read_run(wandb_run)
+    (row,) = [row for row in recorded["history"] if row.get("quantization/_type") == "table-file"]
+    assert row["quantization/nrows"] == 5 and row["quantization/ncols"] == len(COLUMNS)
+    table = json.loads((wandb_run / "files" / row["quantization/path"]).read_text())
+    assert table["columns"] == COLUMNS and [r[0] for r in table["data"]] == ROWS
+    assert recorded["summary"]["fp32_eager/accuracy"] == pytest.approx(results["FP32 eager"]["accuracy"])
+
+
+def test_quantize_rejects_bad_arguments(trained_run, tmp_path):
+    with pytest.raises(UserError, match="--calibration_batches must be at least 1, got 0"):
+        quantize(str(trained_run.ckpt), calibration_batches=0, output_dir=str(tmp_path / "q"))
+    with pytest.raises(UserError, match=r"--qat_path .*nope\.pt2 does not exist"):
+        quantize(str(trained_run.ckpt), qat_path=str(tmp_path / "nope.pt2"), output_dir=str(tmp_path / "q"))
+    assert not (tmp_path / "q").exists()

@@ -1,0 +1,189 @@
+"""`python -m project serve`: a real server on a free loopback port, real and bad uploads, clean stop."""
+
+import contextlib
+import io
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+import torch
+from fastapi.responses import JSONResponse
+from PIL import Image
+
+from project.errors import UserError
+from project.export.trained import load_trained
+from project.serve.api import ClassifierAPI, Rejected
+from project.serve.server import serve
+from tests.conftest import ROOT
+from tests.fakes import class_images
+
+pytest_plugins = ["tests.deploy_fixtures"]  # fixtures: trained_run, exported
+
+
+def _png(label: int, size: tuple[int, int] = (45, 60), seed: int = 0) -> bytes:
+    """An image of class `label` of the fake CIFAR data, at another size than the model's input."""
+    rng = np.random.default_rng(seed)
+    image = Image.fromarray(class_images(label, 1, max(size), rng, 10)[0][: size[1], : size[0]])
+    buffer = io.BytesIO()
+    image.save(buffer, "PNG")
+    return buffer.getvalue()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _eager_class(ckpt: Path, image: bytes) -> int:
+    trained = load_trained(ckpt)
+    x = trained.preprocessing.normalize(trained.preprocessing.decode(image)[None])
+    with torch.no_grad():
+        return int(trained.net(x).argmax())
+
+
+@pytest.fixture
+def server(trained_run, tmp_path):
+    """`python -m project serve` from the checkpoint, batching on; always stopped, with its workers."""
+    port = _free_port()
+    log = open(tmp_path / "server.log", "w+")  # noqa: SIM115 - closed below
+    args = [
+        "--ckpt_path",
+        trained_run.ckpt,
+        "--port",
+        port,
+        "--max_batch_size",
+        "8",
+        "--batch_timeout",
+        "0.05",
+    ]
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "project",
+            "serve",
+            *map(str, args),
+            "--max_upload_mb",
+            "0.5",
+            "--threads",
+            "1",
+        ],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,  # its own process group: the HTTP and inference workers can be found
+    )
+    client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60)
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            assert proc.poll() is None, (tmp_path / "server.log").read_text()
+            try:
+                if client.get("/health").status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            time.sleep(0.5)
+        else:
+            raise AssertionError("server not ready in 300 s:\n" + (tmp_path / "server.log").read_text())
+        yield client, proc, tmp_path / "server.log"
+    finally:
+        client.close()
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=60)
+        with contextlib.suppress(ProcessLookupError):  # whatever is left of its group (nothing, normally)
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+        log.close()
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+
+
+@pytest.mark.slow
+def test_serve_classifies_rejects_and_stops(server, trained_run):
+    client, proc, log = server
+    good = _png(label=4)
+    answer = client.post("/predict", files={"file": ("img.png", good, "image/png")})
+    assert answer.status_code == 200, answer.text
+    body = answer.json()
+    assert body["class_index"] == _eager_class(trained_run.ckpt, good)
+    assert body["class_name"] == client.get("/info").json()["model"]["classes"][body["class_index"]]
+    assert 0.1 <= body["probability"] <= 1.0
+
+    # Bad uploads: each a 4xx with a message; the server keeps serving.
+    text = client.post("/predict", files={"file": ("notes.txt", b"not an image", "text/plain")})
+    assert text.status_code == 415 and "not an image" in text.json()["detail"]
+    assert client.post("/predict", files={"image": ("img.png", good, "image/png")}).status_code == 422
+    too_big = client.post("/predict", files={"file": ("big.png", b"\0" * 600_000, "image/png")})
+    assert too_big.status_code == 413
+
+    # Concurrent requests share batches; a bad upload among them fails alone.
+    uploads = [("file", _png(label=i % 10, seed=i)) for i in range(12)] + [("file", _png(label=3)[:120])]
+    with ThreadPoolExecutor(len(uploads)) as pool:
+        replies = list(pool.map(lambda u: client.post("/predict", files={u[0]: ("x.png", u[1])}), uploads))
+    assert [r.status_code for r in replies] == [200] * 12 + [400]  # the last one: a truncated PNG
+    assert all(
+        r.json()["class_index"] == _eager_class(trained_run.ckpt, u[1])
+        for r, u in zip(replies[:12], uploads[:12], strict=True)
+    )
+
+    # SIGTERM stops the server and every worker process it started.
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 0
+    deadline = time.monotonic() + 30
+    while _group_alive(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not _group_alive(proc.pid), "worker processes outlived the server"
+    assert "Traceback" not in log.read_text()
+
+
+def test_api_from_onnx_in_process(exported, trained_run):
+    """The same API over an exported ONNX model: decode, batch with a rejected upload, encode."""
+    api = ClassifierAPI(onnx_path=str(exported), max_batch_size=4, max_image_pixels=10_000)
+    api.setup("cpu")
+    image = _png(label=7)
+    decoded = [
+        api.decode_request(image),
+        api.decode_request(b"plain text"),
+        api.decode_request(_png(1, (120, 100))),
+    ]
+    assert isinstance(decoded[0], torch.Tensor) and decoded[0].shape == (3, 32, 32)
+    assert isinstance(decoded[1], Rejected) and decoded[1].status == 415
+    assert isinstance(decoded[2], Rejected) and decoded[2].status == 413 and "120x100" in decoded[2].detail
+    outputs = api.predict(api.batch(decoded))
+    answers = [api.encode_response(o) for o in outputs]
+    assert answers[0]["class_index"] == _eager_class(trained_run.ckpt, image)
+    assert all(isinstance(a, JSONResponse) for a in answers[1:]) and answers[1].status_code == 415
+    # Without batching LitServe passes one request at a time.
+    single = api.encode_response(api.predict(api.decode_request(image)))
+    assert single["class_index"] == answers[0]["class_index"]
+    assert single["probability"] == pytest.approx(answers[0]["probability"], rel=1e-5)
+
+
+def test_serve_argument_errors(trained_run, exported, tmp_path):
+    with pytest.raises(UserError, match="exactly one of --ckpt_path"):
+        serve(ckpt_path=str(trained_run.ckpt), onnx=str(exported))
+    with pytest.raises(UserError, match="--batch_timeout < --timeout"):
+        serve(onnx=str(exported), batch_timeout=5, timeout=1)
+    lonely = tmp_path / "lonely.onnx"
+    lonely.write_bytes(exported.read_bytes())
+    with pytest.raises(UserError, match=r"lonely\.json does not exist: an exported model needs the JSON"):
+        serve(onnx=str(lonely))
