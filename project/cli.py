@@ -189,6 +189,7 @@ TOOLS: dict[str, tuple[str, str]] = {
     "export": ("project.export.export:main", "export a checkpoint to ONNX and/or TorchScript"),
     "quantize": ("project.export.quantize:main", "INT8 quantization report: accuracy, latency, size"),
     "serve": ("project.serve.server:main", "HTTP prediction endpoint (LitServe)"),
+    "predict_onnx": ("project.export.predict_onnx:main", "batched inference from an exported ONNX model"),
 }
 
 
