@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -22,8 +23,9 @@ import yaml
 from jsonargparse import ArgumentParser
 from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.pytorch.strategies import DDPStrategy, FSDPStrategy, Strategy
+from lightning.pytorch.utilities import GradClipAlgorithmType
 from torch import nn
-from torch.distributed.fsdp import CPUOffload, FSDPModule
+from torch.distributed.fsdp import CPUOffload, FSDPModule, FullyShardedDataParallel
 from torch.distributed.tensor import DTensor
 from torchmetrics.functional.classification import multiclass_accuracy
 from torchvision.models.resnet import BasicBlock, Bottleneck
@@ -469,3 +471,27 @@ def test_gpu_presets_train_on_one_gpu(preset, cifar, tmp_path):
     )  # fmt: skip
     state = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
     assert state["global_step"] == 2 and "net.fc.weight" in state["state_dict"]
+
+
+def test_norm_clipping_under_fsdp_goes_through_fsdps_own_clip_grad_norm(monkeypatch):
+    """Lightning's FSDP precision plugin raises on norm clipping; ImageClassifier asks FSDP's root module,
+    which reduces the norm over all shards. Value clipping and other strategies keep Lightning's path."""
+    calls: list[tuple] = []
+
+    class RootFSDP(FullyShardedDataParallel):  # stands in for the wrapped root module (no process group)
+        def __init__(self) -> None:
+            pass
+
+        def clip_grad_norm_(self, max_norm: float) -> None:
+            calls.append(("fsdp", max_norm))
+
+    model = ImageClassifier(SimpleCNN(), input_shape=None)
+    monkeypatch.setattr(
+        model, "clip_gradients", lambda opt, val, algo: calls.append(("lightning", val, algo))
+    )
+    model._trainer = SimpleNamespace(model=RootFSDP())
+    model.configure_gradient_clipping(None, 1.0, GradClipAlgorithmType.NORM)
+    model.configure_gradient_clipping(None, 0.5, GradClipAlgorithmType.VALUE)
+    model._trainer = SimpleNamespace(model=model)  # DDP, FSDP2, one device: Lightning's own clipping
+    model.configure_gradient_clipping(None, 1.0, GradClipAlgorithmType.NORM)
+    assert calls == [("fsdp", 1.0), ("lightning", 0.5, "value"), ("lightning", 1.0, "norm")]
