@@ -85,6 +85,13 @@ def test_qat_refuses_mixed_precision_and_overlapping_pruning(fake_cifar, tmp_pat
         make_trainer(tmp_path, callbacks, max_epochs=4).fit(make_model(), data)
 
 
+def test_a_run_that_stops_before_qat_says_no_int8_model_was_saved(fake_cifar, tmp_path):
+    trainer = make_trainer(tmp_path, [QuantizationAwareTraining(start_epoch=2)], max_epochs=3, max_steps=2)
+    with pytest.warns(UserWarning, match="before QAT started .epoch 2.: no INT8 model was saved"):
+        trainer.fit(make_model(), make_data(fake_cifar))
+    assert not list(tmp_path.rglob("*.pt2"))
+
+
 PREDICT_INT8 = """
 import sys, torch
 from project import pt2e

@@ -17,7 +17,7 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback, ModelPruning
 from lightning.pytorch.trainer.states import RunningStage
-from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch import Tensor, nn
 from torchmetrics.classification import MulticlassAccuracy
 
@@ -226,7 +226,13 @@ class QuantizationAwareTraining(Callback):
 
     # -- the INT8 model -------------------------------------------------------------------------------------
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if not self.prepared or not trainer.is_global_zero:
+        if not self.prepared:
+            rank_zero_warn(
+                f"QuantizationAwareTraining: training ended (epoch {trainer.current_epoch}) before QAT started "
+                f"(epoch {self._epochs.get('start')}): no INT8 model was saved"
+            )
+            return
+        if not trainer.is_global_zero:
             return
         prepared = self._net(pl_module)
         int8 = pt2e.convert(prepared)
