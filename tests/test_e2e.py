@@ -91,3 +91,23 @@ def test_folder_fit_and_predict(image_folder, tmp_path):
         predictions = list(csv.DictReader(f))
     assert predictions and all(Path(p["input"]).exists() for p in predictions)
     assert {p["class_name"] for p in predictions} <= {"c0", "c1", "c2"}
+
+
+@pytest.mark.parametrize(
+    "switches",
+    [
+        ["--trainer.fast_dev_run", "true"],
+        ["--trainer.max_steps", "3", "--trainer.logger", "false", "--trainer.enable_checkpointing", "false"],
+    ],
+    ids=["fast_dev_run", "max_steps-no-logger-no-checkpointing"],
+)
+def test_common_switches_just_work(fake_cifar, tmp_path, switches):
+    proc = run_cli(
+        "fit", "--config", CONFIGS / "cifar10.yaml", "--model.net", "SimpleCNN", "--trainer.accelerator", "cpu",
+        "--trainer.precision", "32-true", "--data.data_dir", fake_cifar, "--data.download", "false",
+        "--data.val_size", "100", "--data.batch_size", "50", "--trainer.default_root_dir", tmp_path / "logs", *switches,
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert "Traceback" not in proc.stderr
+    if "--trainer.enable_checkpointing" in switches:
+        assert not list((tmp_path / "logs").rglob("*.ckpt"))
