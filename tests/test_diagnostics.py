@@ -63,7 +63,7 @@ class SlowImages(Dataset):
         return 48
 
     def __getitem__(self, index: int):
-        time.sleep(0.01)  # like decoding a large JPEG on one worker
+        time.sleep(0.05)  # like decoding a large JPEG on one worker (long enough to dominate under load)
         return torch.randn(3, 32, 32), index % 10
 
 
