@@ -11,6 +11,7 @@ Mixed into ProjectCLI (before LightningCLI), it adds, for every subcommand:
   - online W&B without a network or login falling back to offline logging, with a warning.
 """
 
+import re
 import sys
 import tempfile
 import types
@@ -30,6 +31,10 @@ from project.resume import best_checkpoint, continue_run, find_last_checkpoint, 
 from project.run_info import RunInfo
 from project.wandb_fallback import fall_back_to_offline
 
+# Messages of torch layers fed a tensor of the wrong shape (linear, conv channels, too small for pooling).
+SHAPE_ERROR = re.compile(
+    r"shapes cannot be multiplied|channels, but got|Calculated padded input size|Output size is too small"
+)
 SPECIAL_CKPT_PATHS = ("hpc", "registry")  # resolved by Lightning itself
 
 
@@ -208,4 +213,11 @@ class ReliableRunMixin:
             if "Error(s) in loading state_dict" in str(e) and ckpt and self.model is not None:
                 # Lightning's message is a wall of keys: say which keys and shapes differ, in one line.
                 load_weights(self.model, load_checkpoint(ckpt)["state_dict"], source=f"checkpoint {ckpt}")
+            if SHAPE_ERROR.search(str(e)):
+                shape = getattr(self.datamodule, "input_shape", None)
+                raise UserError(
+                    f"the network does not fit its input: {str(e).splitlines()[0]}. The data gives images of "
+                    f"shape {shape}: check the network's settings (input_shape, channels) against the data's "
+                    "(data.image_size)."
+                ) from e
             raise

@@ -228,6 +228,13 @@ def test_unwritable_output_folder_is_named(fake_cifar, tmp_path, capsys):
     assert "trainer.default_root_dir" in message and "a_file/logs is not a writable folder" in message
 
 
+def test_network_that_does_not_fit_the_input_is_explained(fake_cifar, tmp_path, capsys):
+    args = cifar_args(fake_cifar, tmp_path / "logs", "--model.net", "project.models.MLP")
+    message = fails(["fit", *args, "--model.net.init_args.input_shape", "[3, 64, 64]"], capsys)
+    assert "the network does not fit its input: mat1 and mat2 shapes cannot be multiplied" in message
+    assert "The data gives images of shape (3, 32, 32)" in message
+
+
 # -- training and logging ----------------------------------------------------------------------------------------
 def test_nan_loss_stops_with_step_and_layer(fake_cifar, tmp_path, capsys):
     huge_lr = [

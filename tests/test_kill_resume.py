@@ -19,6 +19,7 @@ import torch
 
 from project.callbacks.rng_state import collect_rng_states, set_rng_states
 from project.checkpoint_io import AtomicCheckpointIO, partial_path
+from project.cli import main
 from project.resume import find_last_checkpoint, keep_csv_metrics
 from tests.conftest import CONFIGS, ROOT, run_cli
 
@@ -135,7 +136,7 @@ def final_val(run: Path) -> dict:
 
 
 @pytest.mark.slow
-def test_killed_at_random_moments_resumes_and_matches_an_uninterrupted_run(fake_cifar, tmp_path):
+def test_killed_at_random_moments_resumes_and_matches_an_uninterrupted_run(fake_cifar, tmp_path, capsys):
     reference = start(fit_args(fake_cifar, tmp_path / "ref"), tmp_path)  # runs while the other one is killed
     root = tmp_path / "killed"
     run = root / "runs" / "version_0"
@@ -175,6 +176,20 @@ def test_killed_at_random_moments_resumes_and_matches_an_uninterrupted_run(fake_
     wandb_ids = {p.name.rsplit("-", 1)[1] for p in (root / "wandb").glob("offline-run-*")}
     assert len(wandb_ids) == 1 and len(list((root / "wandb").glob("offline-run-*"))) == len(moments) + 1
     assert torch.load(last, weights_only=True)["run_info"]["wandb_run_id"] in wandb_ids
+
+    # `--ckpt_path best` finds the best checkpoint recorded in the newest last.ckpt.
+    main(
+        [
+            "validate",
+            *map(str, fit_args(fake_cifar, root)[1:]),
+            "--ckpt_path",
+            "best",
+            "--trainer.logger",
+            "false",
+        ]
+    )
+    chosen = capsys.readouterr().out.split("--ckpt_path best: ", 1)[1].split(" (step")[0]
+    assert Path(chosen).parent == last.parent and Path(chosen).name.startswith("epoch")
 
     killed, uninterrupted = final_val(run), final_val(tmp_path / "ref" / "runs" / "version_0")
     assert sorted(killed) == sorted(uninterrupted) == [0, 1, 2]
