@@ -182,7 +182,7 @@ class ReliableRunMixin:
         config = self.config[self.subcommand]
         loggers = logger_configs(config.trainer)
         fall_back_to_offline(loggers)
-        if self.subcommand in ("fit", "predict"):  # the subcommands that write files
+        if self.subcommand in ("fit", "predict") or loggers:  # predictions, checkpoints and logs go there
             check_writable(config.trainer.default_root_dir or "logs")
         if self._resume is not None:
             self._resume_run_dir = continue_run(loggers, *self._resume)

@@ -94,6 +94,21 @@ def test_resumed_csv_metrics_keep_the_rows_before_the_checkpoint(tmp_path):
     assert not (run / ".metrics.csv.resume").exists()
 
 
+def test_best_validation_accuracy_survives_a_resume():
+    from project.lit import ImageClassifier
+    from project.models import MLP
+
+    trained = ImageClassifier(MLP(num_classes=10, hidden=8), num_classes=10)
+    trained.val_acc_best.update(torch.tensor(0.75))
+    trained.val_acc_best.update(torch.tensor(0.5))
+    checkpoint = {}
+    trained.on_save_checkpoint(checkpoint)
+    resumed = ImageClassifier(MLP(num_classes=10, hidden=8), num_classes=10)
+    resumed.on_load_checkpoint(checkpoint)
+    resumed.val_acc_best.update(torch.tensor(0.6))  # a worse epoch after the resume
+    assert resumed.val_acc_best.compute().item() == 0.75
+
+
 # -- end to end --------------------------------------------------------------------------------------------
 def fit_args(data: Path, root: Path, *extra: str) -> list[str]:
     return [

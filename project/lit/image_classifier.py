@@ -144,6 +144,16 @@ class ImageClassifier(L.LightningModule):
         # Already the same on every rank; sync_dist only tells Lightning so (and costs one scalar all-reduce).
         self.log("val/acc_best", self.val_acc_best.compute(), prog_bar=True, sync_dist=True)
 
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        # Metric states are not in the state_dict: keep the best validation accuracy, so that a resumed run
+        # reports the best of the whole run, not the best since it was resumed.
+        checkpoint["val_acc_best"] = self.val_acc_best.compute() if self.val_acc_best.update_count else None
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        if checkpoint.get("val_acc_best") is not None:
+            self.val_acc_best.reset()
+            self.val_acc_best.update(checkpoint["val_acc_best"])
+
     def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
         self._shared_step(batch, self.test_metrics, self.test_loss)
         self.log("test/loss", self.test_loss, on_step=False, on_epoch=True)
