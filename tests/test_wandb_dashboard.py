@@ -29,6 +29,7 @@ def test_offline_run_records_metrics_config_confusion_matrix_and_worst_predictio
         "--trainer.log_every_n_steps", "2", "--trainer.enable_progress_bar", "false",
         "--trainer.default_root_dir", logs, "--wandb_dashboard.watch_log_freq", "2",
         cwd=tmp_path,
+        timeout=900,  # minutes on a loaded 2-core machine
     )  # fmt: skip
     (run_dir,) = (logs / "wandb").glob("offline-run-*")
     run = read_run(run_dir)
