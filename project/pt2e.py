@@ -19,6 +19,7 @@ import json
 import logging
 import os
 import pydoc
+import tempfile
 import types
 from collections import defaultdict
 from collections.abc import Iterator
@@ -277,12 +278,12 @@ def save_int8(model: GraphModule, path: str | Path, example: Tensor, metadata: d
     path.parent.mkdir(parents=True, exist_ok=True)
     batch = torch.export.Dim("batch", min=1)
     program = torch.export.export(model, (example.cpu(),), dynamic_shapes=({0: batch},))
-    tmp = path.with_name(f".{path.stem}.tmp{path.suffix}")  # torch.export.save wants .pt2
-    try:
+    # The archive's inner folder is named after the file, so the temporary file gets the final name, in a
+    # temporary folder beside it.
+    with tempfile.TemporaryDirectory(dir=path.parent, prefix=f".{path.name}.") as folder:
+        tmp = Path(folder) / path.name
         torch.export.save(program, tmp, extra_files={METADATA_FILE: json.dumps(metadata, indent=2)})
         os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
     return path
 
 
