@@ -21,6 +21,7 @@ import os
 import pydoc
 import tempfile
 import types
+import warnings
 from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
@@ -287,11 +288,29 @@ def save_int8(model: GraphModule, path: str | Path, example: Tensor, metadata: d
     return path
 
 
+class _CompiledInt8(nn.Module):
+    """A `torch.compile`d INT8 graph, always called with Inductor's freezing on and without gradients."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.compiled = torch.compile(model)
+
+    def forward(self, *args: Tensor) -> Tensor:
+        # Freezing must be on while Inductor compiles (first call, and each new input shape). Passing it as
+        # torch.compile(options=...) instead fails to lower onednn.qconv_prepack (torch 2.14).
+        with torch._inductor.config.patch(freezing=True), torch.no_grad(), warnings.catch_warnings():
+            warnings.filterwarnings(
+                "ignore", message="To copy construct from a tensor"
+            )  # inside torch's lowering
+            return self.compiled(*args)
+
+
 def compile_int8(model: nn.Module) -> nn.Module:
     """`torch.compile` for an INT8 graph, with Inductor's freezing: the weights become constants, so the
     quantize/dequantize patterns are lowered to oneDNN INT8 kernels (without freezing they stay float ops, no
-    faster than FP32). For inference only (no gradients); the first call compiles (seconds to minutes)."""
-    return torch.compile(model, options={"freezing": True})
+    faster than FP32). For inference only (runs without gradients); the first call compiles (seconds to
+    minutes, with the machine's C++ compiler)."""
+    return _CompiledInt8(model)
 
 
 def load_int8(path: str | Path) -> tuple[nn.Module, dict[str, Any]]:

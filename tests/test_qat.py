@@ -15,6 +15,7 @@ from project import pt2e
 from project.callbacks import ProgressivePruning, QuantizationAwareTraining
 from project.errors import UserError
 from project.loading import load_checkpoint, load_weights
+from project.models import SimpleCNN
 from tests.callback_fit import make_data, make_model, make_trainer
 from tests.conftest import CONFIGS, ROOT, run_cli
 
@@ -71,6 +72,20 @@ def test_prepare_train_freeze_convert_a_residual_block():
     assert not any(
         t.dtype == torch.float32 and t.ndim == 4 for t in int8.state_dict().values()
     )  # no float kernels
+
+
+@pytest.mark.slow
+def test_compiled_int8_agrees_with_the_int8_graph_at_any_batch_size():
+    torch.manual_seed(0)
+    net = SimpleCNN(width=8, hidden=16)
+    prepared = pt2e.prepare_qat(net, torch.zeros(2, 3, 32, 32))
+    prepared(torch.randn(32, 3, 32, 32))  # calibrates the observers
+    int8 = pt2e.convert(prepared.eval())
+    compiled = pt2e.compile_int8(int8)  # oneDNN INT8 kernels; compiles with the machine's C++ compiler
+    for batch in (16, 5):  # the program has a dynamic batch dimension
+        x = torch.randn(batch, 3, 32, 32)
+        with torch.no_grad():
+            assert (compiled(x).argmax(1) == int8(x).argmax(1)).float().mean() >= 0.99
 
 
 def test_qat_refuses_mixed_precision_and_overlapping_pruning(fake_cifar, tmp_path):
