@@ -35,8 +35,9 @@ def trained_run(fake_cifar, tmp_path_factory) -> TrainedRun:
         "--model.optimizer", "AdamW", "--model.optimizer.init_args.lr", "0.01", "--model.scheduler", "null",
         "--data.data_dir", fake_cifar, "--data.download", "false", "--data.val_size", "100",
         "--data.batch_size", "50", "--trainer.max_epochs", "10", "--trainer.limit_train_batches", "8",
-        "--trainer.limit_val_batches", "2", "--trainer.default_root_dir", root,
-        cwd=root,
+        "--trainer.limit_val_batches", "2", "--trainer.check_val_every_n_epoch", "5",
+        "--trainer.default_root_dir", root,
+        cwd=root, timeout=900,
     )  # fmt: skip
     return TrainedRun(
         root=root, ckpt=root / "checkpoints" / "last.ckpt", config=root / "config.yaml", data_dir=fake_cifar

@@ -99,3 +99,40 @@ def test_quantize_rejects_bad_arguments(trained_run, tmp_path):
     with pytest.raises(UserError, match=r"--qat_path .*nope\.pt2 does not exist"):
         quantize(str(trained_run.ckpt), qat_path=str(tmp_path / "nope.pt2"), output_dir=str(tmp_path / "q"))
     assert not (tmp_path / "q").exists()
+
+
+def test_pt2e_static_int8_artifact(tmp_path, monkeypatch):
+    """torchao PT2E static INT8: saved as a .pt2, reloaded, close to the float network; and when
+    torch.compile fails on this torch build, it runs uncompiled with a warning instead of failing."""
+    from project import pt2e
+    from project.export.pt2e_static import quantize_pt2e_static
+    from project.export.qat_artifact import load_int8_runtime
+    from project.models import SimpleCNN
+
+    torch.manual_seed(0)
+    net = SimpleCNN(num_classes=4, width=8, hidden=16).eval()
+    rng = np.random.default_rng(0)
+    calibration = [rng.standard_normal((16, 3, 32, 32)).astype(np.float32) for _ in range(3)]
+    path = tmp_path / "model.int8-pt2e.pt2"
+    assert quantize_pt2e_static(net, calibration, (3, 32, 32), path, {"class_names": list("abcd")}) == 3
+    assert pt2e.load_int8(path)[1]["class_names"] == list("abcd")
+
+    runtime, how = load_int8_runtime(path, (3, 32, 32), compile=False)
+    assert how == "torch.export program, uncompiled"
+    x = calibration[0]
+    with torch.no_grad():
+        expected = net(torch.from_numpy(x)).numpy()
+    got = runtime(x)
+    assert got.shape == expected.shape and (got.argmax(1) == expected.argmax(1)).mean() >= 0.75
+    assert np.abs(got - expected).max() < 0.1 * np.abs(expected).max()
+
+    def broken_compile(module):
+        def run(x):
+            raise RuntimeError("no INT8 kernels here")
+
+        return run
+
+    monkeypatch.setattr(pt2e, "compile_int8", broken_compile)
+    with pytest.warns(UserWarning, match="torch.compile of the INT8 program failed .*no INT8 kernels here"):
+        runtime, how = load_int8_runtime(path, (3, 32, 32))
+    assert how.startswith("uncompiled: torch.compile failed") and runtime(x).shape == expected.shape

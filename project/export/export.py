@@ -8,7 +8,7 @@ import torch
 
 from project.export.files import staged_outputs
 from project.export.onnx_export import DEFAULT_OPSET, INPUT_NAME, OUTPUT_NAME, export_onnx, verify_onnx
-from project.export.tool_args import run_tool
+from project.export.tool_args import parse_tool_args
 from project.export.torchscript_export import export_torchscript, verify_torchscript
 from project.export.trained import TrainedModel, load_trained
 
@@ -101,5 +101,10 @@ def export(
     return meta
 
 
+def parse_args(args: list[str]) -> dict:
+    """The keyword arguments of `export` for a command line (checks it without running anything)."""
+    return parse_tool_args(export, args, prog="python -m project export")
+
+
 def main(args: list[str]) -> None:
-    run_tool(export, args, prog="python -m project export")
+    export(**parse_args(args))

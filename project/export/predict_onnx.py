@@ -17,9 +17,9 @@ from project.data.tensor_dataset import TensorImageDataset, collate_batch
 from project.errors import UserError
 from project.export.preprocessing import Preprocessing, read_metadata
 from project.export.runtimes import OnnxRuntime, softmax_top1
-from project.export.tool_args import run_tool
+from project.export.tool_args import parse_tool_args
 
-CIFAR_SPLITS = {f"{name}:{split}" for name in ("cifar10", "cifar100") for split in ("train", "test")}
+CIFAR_SPLITS = ("cifar10:test", "cifar10:train", "cifar100:test", "cifar100:train")
 
 
 def _cifar(spec: str, data_dir: str, pre: Preprocessing) -> tuple[Dataset, list[str]]:
@@ -44,7 +44,7 @@ def _cifar(spec: str, data_dir: str, pre: Preprocessing) -> tuple[Dataset, list[
 
 def _folder(folder: Path, pre: Preprocessing) -> tuple[Dataset, list[str]]:
     if not folder.is_dir():
-        raise UserError(f"--input {folder} is neither a folder nor one of {', '.join(sorted(CIFAR_SPLITS))}")
+        raise UserError(f"--input {folder} is neither a folder nor one of {', '.join(CIFAR_SPLITS)}")
     files = list_images(folder)
     if not files:
         raise UserError(f"--input folder {folder} contains no images")
@@ -103,5 +103,10 @@ def predict_onnx(
     return path
 
 
+def parse_args(args: list[str]) -> dict:
+    """The keyword arguments of `predict_onnx` for a command line (checks it without running anything)."""
+    return parse_tool_args(predict_onnx, args, prog="python -m project predict_onnx", takes_config=False)
+
+
 def main(args: list[str]) -> None:
-    run_tool(predict_onnx, args, prog="python -m project predict_onnx", takes_config=False)
+    predict_onnx(**parse_args(args))

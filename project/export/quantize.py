@@ -1,6 +1,5 @@
 """`python -m project quantize`: the INT8 deployment table for a trained checkpoint."""
 
-import io
 import shlex
 import sys
 from collections.abc import Iterator
@@ -13,7 +12,7 @@ import torch
 
 from project.errors import UserError
 from project.export.export import FILES, export_trained
-from project.export.files import file_size_mb, staged_outputs
+from project.export.files import staged_outputs
 from project.export.measure import accuracy, speed
 from project.export.ort_quantization import (
     ActivationType,
@@ -22,25 +21,21 @@ from project.export.ort_quantization import (
     quantize_static_int8,
 )
 from project.export.preprocessing import Preprocessing
-from project.export.qat_artifact import find_qat_artifact, load_qat_runtime
+from project.export.pt2e_static import quantize_pt2e_static
+from project.export.qat_artifact import find_qat_artifact
 from project.export.report import VariantResult, log_to_wandb, machine, markdown, write_report
-from project.export.runtimes import OnnxRuntime, Runtime, TorchRuntime
-from project.export.tool_args import run_tool
+from project.export.tool_args import parse_tool_args
 from project.export.trained import build_datamodule, load_trained
+from project.export.variants import eager_variant, int8_variant, onnx_variant
 
 DYNAMIC_FILE, STATIC_FILE = "model.int8-dynamic.onnx", "model.int8-static.onnx"
+PT2E_FILE = "model.int8-pt2e.pt2"
 
 
 def _normalised(batches, pre: Preprocessing) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """(uint8 images, labels) loader batches -> (normalised float32 numpy, int64 numpy)."""
     for x, y in batches:
         yield pre.normalize(x).numpy(), y.numpy()
-
-
-def _state_dict_mb(net: torch.nn.Module) -> float:
-    buffer = io.BytesIO()
-    torch.save(net.state_dict(), buffer)
-    return buffer.tell() / 2**20
 
 
 def quantize(
@@ -59,6 +54,7 @@ def quantize(
     threads: int | None = None,
     qat_path: str | None = None,
     compile_qat: bool = True,
+    pt2e_static: bool = False,
     wandb: bool = True,
     wandb_project: str = "lightning-template",
     seed: int = 0,
@@ -91,7 +87,10 @@ def quantize(
         qat_path: INT8 model from quantization-aware training (.pt2 or .onnx); default: one found in the
             checkpoint's folder, if any (model_int8.pt2 from the QuantizationAwareTraining callback).
         compile_qat: Run a .pt2 QAT model under torch.compile, which lowers it to INT8 kernels (its
-            deployed form; the first call compiles, before timing starts).
+            deployed form; compiled before timing starts; if compilation fails it runs uncompiled, with a
+            warning and a note in the report).
+        pt2e_static: Add a row for static INT8 with torchao's PT2E flow (X86InductorQuantizer, the same
+            calibration batches, torch.compile), saved as model.int8-pt2e.pt2.
         wandb: Log the table to a W&B run in output_dir.
         wandb_project: W&B project name.
         seed: Seed of the shuffled training batches drawn for calibration (reproducible INT8 scales).
@@ -135,42 +134,25 @@ def quantize(
             activation_type=activation_type,
             reduce_range=reduce_range,
         )
+        if pt2e_static:
+            quantize_pt2e_static(
+                trained.net, calibration, pre.input_shape, staging / PT2E_FILE, pre.to_dict()
+            )
 
-    # display name -> (W&B key, runtime, size in MB, artifact)
-    variants: dict[str, tuple[str, Runtime, float, str]] = {
-        "FP32 eager": (
-            "fp32_eager",
-            TorchRuntime(trained.net),
-            _state_dict_mb(trained.net),
-            str(trained.ckpt_path),
+    variants = [
+        eager_variant(trained.net, trained.ckpt_path),
+        onnx_variant("FP32 ONNX Runtime", "fp32_onnxruntime", out / FILES["onnx"], threads),
+        onnx_variant("dynamic INT8 (Linear layers)", "int8_dynamic", out / DYNAMIC_FILE, threads),
+        onnx_variant(
+            f"static INT8, calibrated on {used} training batches", "int8_static", out / STATIC_FILE, threads
         ),
-        "FP32 ONNX Runtime": (
-            "fp32_onnxruntime",
-            OnnxRuntime(out / FILES["onnx"], threads),
-            file_size_mb(out / FILES["onnx"]),
-            FILES["onnx"],
-        ),
-        "dynamic INT8 (Linear layers)": (
-            "int8_dynamic",
-            OnnxRuntime(out / DYNAMIC_FILE, threads),
-            file_size_mb(out / DYNAMIC_FILE),
-            DYNAMIC_FILE,
-        ),
-        f"static INT8, calibrated on {used} training batches": (
-            "int8_static",
-            OnnxRuntime(out / STATIC_FILE, threads),
-            file_size_mb(out / STATIC_FILE),
-            STATIC_FILE,
-        ),
-    }
+    ]
+    if pt2e_static:
+        name = f"static INT8 (torchao PT2E), calibrated on {used} training batches"
+        variants.append(int8_variant(name, "int8_pt2e", out / PT2E_FILE, pre.input_shape, threads))
     if qat_file is not None:
-        variants["QAT INT8"] = (
-            "int8_qat",
-            load_qat_runtime(qat_file, threads, compile=compile_qat),
-            file_size_mb(qat_file),
-            str(qat_file),
-        )
-    runtimes = {name: v[1] for name, v in variants.items()}
+        variants.append(int8_variant("QAT INT8", "int8_qat", qat_file, pre.input_shape, threads, compile_qat))
+    runtimes = {v.name: v.runtime for v in variants}
 
     stage = "test" if split == "test" else "validate"
     datamodule.setup(stage)
@@ -182,16 +164,17 @@ def quantize(
 
     results = [
         VariantResult(
-            key=key,
-            variant=name,
-            accuracy=scores[name]["accuracy"],
-            agreement=scores[name]["agreement"],
-            latency_ms=timing[name]["latency_ms"],
-            throughput=timing[name]["throughput"],
-            size_mb=size,
-            artifact=artifact,
+            key=v.key,
+            variant=v.name,
+            accuracy=scores[v.name]["accuracy"],
+            agreement=scores[v.name]["agreement"],
+            latency_ms=timing[v.name]["latency_ms"],
+            throughput=timing[v.name]["throughput"],
+            size_mb=v.size_mb,
+            artifact=v.artifact,
+            runtime=v.runs_on,
         )
-        for name, (key, _, size, artifact) in variants.items()
+        for v in variants
     ]
     info = {
         "checkpoint": str(trained.ckpt_path),
@@ -205,7 +188,6 @@ def quantize(
         "repeats": repeats,
         "warmup": warmup,
         "qat": str(qat_file) if qat_file else None,
-        "qat_compiled": bool(qat_file and qat_file.suffix == ".pt2" and compile_qat),
         "machine": machine(),
         "command": command or f"python -m project quantize --ckpt_path {ckpt_path}",
     }
@@ -217,5 +199,10 @@ def quantize(
     return results
 
 
+def parse_args(args: list[str]) -> dict:
+    """The keyword arguments of `quantize` for a command line (checks it without running anything)."""
+    return parse_tool_args(quantize, args, prog="python -m project quantize")
+
+
 def main(args: list[str]) -> None:
-    run_tool(quantize, args, prog="python -m project quantize")
+    quantize(**parse_args(args))

@@ -33,6 +33,7 @@ class VariantResult:
     throughput: float
     size_mb: float
     artifact: str
+    runtime: str = ""
 
 
 def machine() -> dict[str, Any]:
@@ -98,11 +99,9 @@ def markdown(results: list[VariantResult], info: dict[str, Any]) -> str:
         f"({info['calibration']}).",
         f"Command: `{info['command']}`",
     ]
+    notes.append("Run by: " + "; ".join(f"{r.variant}: {r.runtime} ({r.artifact})" for r in results) + ".")
     if info.get("qat") is None:
         notes.append("QAT INT8: no QAT artifact was given or found next to the checkpoint.")
-    else:
-        how = "torch.export program under torch.compile" if info.get("qat_compiled") else "as saved"
-        notes.append(f"QAT INT8: {info['qat']} ({how}).")
     return "\n".join(lines + notes) + "\n"
 
 

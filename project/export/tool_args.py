@@ -23,11 +23,14 @@ OVERRIDES_EPILOG = (
 )
 
 
-def run_tool(function: Callable[..., Any], args: list[str], prog: str, takes_config: bool = True) -> Any:
-    """Parse `args` for `function` (typed parameters with docstrings) and call it.
+def parse_tool_args(
+    function: Callable[..., Any], args: list[str], prog: str, takes_config: bool = True
+) -> dict[str, Any]:
+    """Parse `args` for `function` (typed parameters with docstrings) into its keyword arguments.
 
     With `takes_config`, `function` takes `config: list[str]` and `overrides: list[str]` too: the
-    repeated `--config` files and the forwarded `--model.*` / `--data.*` flags.
+    repeated `--config` files and the forwarded `--model.*` / `--data.*` flags. A bad argument prints
+    the usage and exits with status 2, like any command-line parser.
     """
     own, overrides = split_config_overrides(args) if takes_config else (list(args), [])
     doc = inspect.getdoc(function) or ""
@@ -43,4 +46,9 @@ def run_tool(function: Callable[..., Any], args: list[str], prog: str, takes_con
     parsed = parser.parse_args(own).as_dict()
     if takes_config:
         parsed["overrides"] = overrides
-    return function(**parsed)
+    return parsed
+
+
+def run_tool(function: Callable[..., Any], args: list[str], prog: str, takes_config: bool = True) -> Any:
+    """Parse `args` for `function` and call it."""
+    return function(**parse_tool_args(function, args, prog, takes_config))

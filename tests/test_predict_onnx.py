@@ -1,0 +1,73 @@
+"""`python -m project predict_onnx`: the same top-1 as `predict` from the checkpoint, on the same inputs."""
+
+import csv
+import json
+
+import pytest
+
+from project.errors import UserError
+from project.export.predict_onnx import predict_onnx
+from tests.conftest import CONFIGS, run_cli
+from tests.fakes import make_image_folder
+
+pytest_plugins = ["tests.deploy_fixtures"]  # fixtures: trained_run, exported
+
+
+def _rows(path) -> dict[str, dict]:
+    with open(path) as f:
+        return {row["input"]: row for row in csv.DictReader(f)}
+
+
+@pytest.mark.slow
+def test_cifar_split_matches_checkpoint_predict(trained_run, exported, tmp_path):
+    run_cli(
+        "predict", "--config", trained_run.config, "--ckpt_path", trained_run.ckpt,
+        "--trainer.default_root_dir", tmp_path, "--prediction_writer.output_path", tmp_path / "ckpt.csv",
+        cwd=tmp_path,
+    )  # fmt: skip
+    predict_onnx(
+        str(exported), "cifar10:test", output=str(tmp_path / "onnx.csv"), data_dir=str(trained_run.data_dir)
+    )
+    ckpt, onnx = _rows(tmp_path / "ckpt.csv"), _rows(tmp_path / "onnx.csv")
+    assert len(onnx) == 100 and set(ckpt) == set(onnx)  # every input predicted, named the same way
+    assert [onnx[k]["class_index"] for k in ckpt] == [ckpt[k]["class_index"] for k in ckpt]
+    assert [onnx[k]["class_name"] for k in ckpt] == [ckpt[k]["class_name"] for k in ckpt]
+    assert max(abs(float(onnx[k]["probability"]) - float(ckpt[k]["probability"])) for k in ckpt) < 1e-4
+
+
+@pytest.mark.slow
+def test_image_folder_of_any_size_matches_checkpoint_predict(trained_run, exported, tmp_path):
+    # 10 class folders (so the 10-class checkpoint fits), images of mixed sizes and modes, JPEG and PNG.
+    folder = make_image_folder(tmp_path / "images", classes=10, per_class=2, extras=False)
+    meta = json.loads(exported.with_name("model.json").read_text())["preprocessing"]
+    run_cli(
+        "predict", "--config", CONFIGS / "folder.yaml", "--config", CONFIGS / "debug.yaml",
+        "--model.net", "SimpleCNN", "--model.net.init_args.width", "8", "--model.net.init_args.hidden", "32",
+        "--data.root", folder, "--data.predict_root", folder, "--data.image_size", "32",
+        "--data.mean", json.dumps(meta["mean"]), "--data.std", json.dumps(meta["std"]),  # the checkpoint's
+        "--data.cache_dir", tmp_path / "cache", "--ckpt_path", trained_run.ckpt,
+        "--prediction_writer.output_path", tmp_path / "ckpt.csv", "--trainer.default_root_dir", tmp_path,
+        cwd=tmp_path,
+    )  # fmt: skip
+    run_cli(
+        "predict_onnx", "--model", exported, "--input", folder, "--output", tmp_path / "onnx.csv", "--batch_size", "7",
+        cwd=tmp_path,
+    )  # fmt: skip
+    ckpt, onnx = _rows(tmp_path / "ckpt.csv"), _rows(tmp_path / "onnx.csv")
+    assert len(onnx) == 20 and set(ckpt) == set(onnx)
+    assert [onnx[k]["class_index"] for k in ckpt] == [ckpt[k]["class_index"] for k in ckpt]
+
+
+def test_bad_inputs_write_nothing(exported, tmp_path):
+    out = tmp_path / "p.csv"
+    with pytest.raises(UserError, match="neither a folder nor one of cifar10:test"):
+        predict_onnx(str(exported), str(tmp_path / "missing"), output=str(out))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(UserError, match="contains no images"):
+        predict_onnx(str(exported), str(tmp_path / "empty"), output=str(out))
+    folder = make_image_folder(tmp_path / "bad", classes=1, per_class=2, extras=True)  # with a corrupt .jpg
+    with pytest.raises(UserError, match="broken.jpg"):
+        predict_onnx(str(exported), str(folder), output=str(out))
+    with pytest.raises(UserError, match="model file .* does not exist"):
+        predict_onnx(str(tmp_path / "none.onnx"), str(folder), output=str(out))
+    assert not out.exists() and not list(tmp_path.glob(".p.csv*"))
