@@ -6,7 +6,7 @@ import signal
 
 from project.errors import UserError
 from project.export.preprocessing import read_metadata
-from project.export.tool_args import run_tool
+from project.export.tool_args import parse_tool_args
 from project.serve.api import ClassifierAPI
 
 
@@ -126,5 +126,10 @@ def _stop_gracefully_on_signals() -> None:
     signal.signal(signal.SIGINT, stop)
 
 
+def parse_args(args: list[str]) -> dict:
+    """The keyword arguments of `serve` for a command line (checks it without running anything)."""
+    return parse_tool_args(serve, args, prog="python -m project serve")
+
+
 def main(args: list[str]) -> None:
-    run_tool(serve, args, prog="python -m project serve")
+    serve(**parse_args(args))
