@@ -7,6 +7,22 @@ import pytest
 
 from tests.fakes import make_fake_cifar, make_image_folder, patch_cifar_integrity
 
+
+@pytest.fixture(autouse=True)
+def _rank_zero_is_restored():
+    """A Trainer built in-process as another rank (the SLURM test builds rank 1 of 2) sets Lightning's global
+    `rank_zero_only.rank`; left there, every later test's loggers and rank-zero warnings would go silent."""
+    from lightning.fabric.utilities.rank_zero import rank_zero_only
+    from lightning_utilities.core.rank_zero import rank_zero_only as utils_rank_zero_only
+
+    saved = [(fn, getattr(fn, "rank", None)) for fn in (rank_zero_only, utils_rank_zero_only)]
+    yield
+    for fn, rank in saved:
+        if rank is None:
+            vars(fn).pop("rank", None)
+        else:
+            fn.rank = rank
+
 ROOT = Path(__file__).resolve().parent.parent
 CONFIGS = ROOT / "configs"
 

@@ -66,6 +66,9 @@ def test_on_device_dataset_follows_the_trainer(fake_cifar):
     )
 
     class FakeTrainer:
+        world_size = 1
+        accumulate_grad_batches = 1
+
         class strategy:  # noqa: N801 - mimics trainer.strategy.root_device
             root_device = torch.device("cpu")
 

@@ -24,7 +24,10 @@ pytestmark = pytest.mark.skipif(
 
 
 def make(*args: str, cwd: Path, venv: Path = VENV) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PRE_COMMIT_HOME": str(cwd / ".pre-commit-home")}
+    # A clean make, as a user types it: under `make test` the inherited MAKELEVEL/MAKEFLAGS would add
+    # "Entering directory" lines to the output.
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKELEVEL", "MAKEFLAGS", "MFLAGS")}
+    env["PRE_COMMIT_HOME"] = str(cwd / ".pre-commit-home")
     command = ["make", "-f", str(ROOT / "Makefile"), "-o", f"{venv}/.installed", f"VENV={venv}", *args]
     return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
 
