@@ -5,6 +5,7 @@ and `load_weights`: a checkpoint is a pickle, and unpickling arbitrary objects c
 """
 
 import pickle
+import zipfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,12 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise UserError(f"checkpoint {path} does not exist")
+    # torch.save writes a zip archive (the legacy format starts with a pickle protocol byte). Anything else
+    # (a YAML, an image, an empty file) would otherwise surface as a puzzling unpickling error.
+    with open(path, "rb") as f:
+        head = f.read(1)
+    if not zipfile.is_zipfile(path) and head != b"\x80":
+        raise UserError(f"{path} is not a PyTorch checkpoint (neither a torch.save zip archive nor a pickle)")
     try:
         checkpoint = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:

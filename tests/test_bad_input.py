@@ -176,7 +176,8 @@ def test_missing_and_foreign_checkpoints_are_named(fake_cifar, tmp_path, capsys)
     message = fails(["validate", *args, "--ckpt_path", tmp_path / "nope.ckpt"], capsys)
     assert "nope.ckpt does not exist" in message
     (tmp_path / "notes.ckpt").write_text("not a checkpoint")
-    assert "notes.ckpt is not" in fails(["fit", *args, "--ckpt_path", tmp_path / "notes.ckpt"], capsys)
+    message = fails(["fit", *args, "--ckpt_path", tmp_path / "notes.ckpt"], capsys)
+    assert "notes.ckpt is not a PyTorch checkpoint" in message and "arbitrary code" not in message
     message = fails(["test", *args, "--ckpt_path", "last"], capsys)
     assert "--ckpt_path last: there is no last.ckpt under" in message
     assert not (tmp_path / "logs").exists()
