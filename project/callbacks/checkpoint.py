@@ -62,6 +62,13 @@ class BestAndLastCheckpoint(ModelCheckpoint):
         if not self._should_save_on_train_epoch_end(trainer):
             self._refresh_last(trainer)
 
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # Lightning 2.6's on_train_end writes last.ckpt without asking `_should_skip_saving_checkpoint`, so a
+        # `fast_dev_run` (documented to write no checkpoint) left a last.ckpt behind that `--ckpt_path last`
+        # would then resume from.
+        if not self._should_skip_saving_checkpoint(trainer):
+            super().on_train_end(trainer, pl_module)
+
     def on_exception(
         self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException
     ) -> None:
