@@ -9,6 +9,7 @@ torchvision pipeline. Reports validation accuracy and wall time of each.
 """
 
 import argparse
+import sys
 import time
 from pathlib import Path
 
@@ -23,6 +24,7 @@ from project.models import SimpleCNN
 
 
 def template(args, cache_dir: Path) -> tuple[float, float, list[int], list[int], list[Path]]:
+    argv, sys.argv = sys.argv, sys.argv[:1]  # the CLI warns when it is given args and a command line
     cli = ProjectCLI(
         args=[
             "--config", "configs/folder.yaml", "--data.root", str(args.root), "--data.image_size", "32",
@@ -36,6 +38,7 @@ def template(args, cache_dir: Path) -> tuple[float, float, list[int], list[int],
         ],
         run=False,
     )  # fmt: skip
+    sys.argv = argv
     start = time.perf_counter()
     cli.trainer.fit(cli.model, cli.datamodule)
     seconds = time.perf_counter() - start

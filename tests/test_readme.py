@@ -24,8 +24,12 @@ def test_readme_command_parses(command, image_folder, capsys, monkeypatch):
     monkeypatch.chdir(ROOT)
     args = shlex.split(command.replace("path/to/images", str(image_folder)))[3:]
     if args[0] in TOOLS:  # tool commands are run by their own tests (tests/test_export.py, test_serve.py, ...)
-        module, function = TOOLS[args[0]][0].split(":")
-        assert callable(getattr(__import__(module, fromlist=[function]), function))
+        module = __import__(TOOLS[args[0]][0].split(":")[0], fromlist=["parse_args"])
+        kwargs = module.parse_args(args[1:])  # every flag known and well typed; nothing is run
+        given = dict(zip(args[1::2], args[2::2], strict=False))
+        assert {k: str(kwargs[k[2:]]) for k in given if k != "--config"} == {
+            k: v for k, v in given.items() if k != "--config"
+        }
         return
     args = [a for a in args if a != "--print_config"] + ["--print_config"]
     with pytest.raises(SystemExit) as exit_info:
