@@ -216,7 +216,9 @@ def main(args: list[str] | None = None) -> None:
             return
         ProjectCLI(args=args)
     except SIGTERMException:  # preemption: Lightning stopped after a batch; BestAndLastCheckpoint saved it
-        print("error: stopped by SIGTERM; resume with the same command plus --ckpt_path last", file=sys.stderr)
+        print(
+            "error: stopped by SIGTERM; resume with the same command plus --ckpt_path last", file=sys.stderr
+        )
         sys.exit(128 + signal.SIGTERM)
     except Exception as exc:
         user_error = _user_error(exc)

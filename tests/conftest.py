@@ -23,6 +23,7 @@ def _rank_zero_is_restored():
         else:
             fn.rank = rank
 
+
 ROOT = Path(__file__).resolve().parent.parent
 CONFIGS = ROOT / "configs"
 

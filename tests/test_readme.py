@@ -23,7 +23,8 @@ def test_readme_has_commands():
 def test_readme_command_parses(command, image_folder, capsys, monkeypatch):
     monkeypatch.chdir(ROOT)
     args = shlex.split(command.replace("path/to/images", str(image_folder)))[3:]
-    if args[0] in TOOLS:  # tool commands are run by their own tests (tests/test_export.py, test_serve.py, ...)
+    # Tool commands are run by their own tests (tests/test_export.py, test_serve.py, ...); here they parse.
+    if args[0] in TOOLS:
         module = __import__(TOOLS[args[0]][0].split(":")[0], fromlist=["parse_args"])
         kwargs = module.parse_args(args[1:])  # every flag known and well typed; nothing is run
         given = dict(zip(args[1::2], args[2::2], strict=False))
