@@ -114,7 +114,8 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"loader_memory_{args.sharing_strategy}.csv"
     with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        # Committed to the repository: LF line endings, as the hygiene hooks require.
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]), lineterminator="\n")
         writer.writeheader()
         writer.writerows(rows)
     steady = rows[1:]  # epoch 0 includes start-up allocations
