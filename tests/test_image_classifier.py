@@ -27,6 +27,21 @@ def test_step_metrics_and_predict():
     assert torch.equal(out["index"], torch.arange(6))
 
 
+def test_accuracy_is_per_image_and_top_k_never_merges_with_top_1():
+    """A class-sorted validation split starts with batches of one class. Seen by a fresh network that never
+    ranks that class in its top 5, top-1 and top-5 have identical states after the first update: torchmetrics'
+    compute groups would then merge them for the rest of the run. And accuracy counts images, not classes."""
+    model = ImageClassifier(SimpleCNN(num_classes=10), num_classes=10)
+    first = torch.full((4, 10), -1.0)
+    first[:, 9] = 5.0  # predicts class 9; the true class 0 ranks last
+    metrics = model.val_metrics
+    metrics.update(first, torch.zeros(4, dtype=torch.long))
+    second = torch.arange(10.0).repeat(4, 1)  # ranks 9, 8, 7, 6, 5 first
+    metrics.update(second, torch.tensor([9, 5, 5, 1]))  # top-1 right once, top-5 right 3 times
+    result = {k: round(v.item(), 4) for k, v in metrics.compute().items()}
+    assert result == {"val/acc": 1 / 8, "val/acc_top5": 3 / 8}
+
+
 def test_no_weight_decay_on_norm_and_bias():
     model = ImageClassifier(SimpleCNN(num_classes=3), num_classes=3, optimizer=sgd)
     opt = model.configure_optimizers()

@@ -79,12 +79,18 @@ class ImageClassifier(L.LightningModule):
             self.example_input_array = torch.zeros(2, *input_shape)
 
         # One metric object per stage: states must never mix between train, val and test.
+        # average="micro": accuracy is the fraction of images classified correctly (MulticlassAccuracy's own
+        # default, "macro", averages per class and counts a class absent from a partial run as 0).
+        # compute_groups=False: torchmetrics would merge top-1 and top-k into one state if their states happen
+        # to be equal after the first update (a fresh network that never ranks the first batch's class in its
+        # top k, as on a class-sorted validation split), and top-k then silently reports top-1 for the run.
         top5 = min(5, num_classes)
         metrics = MetricCollection(
             {
-                "acc": MulticlassAccuracy(num_classes, top_k=1),
-                f"acc_top{top5}": MulticlassAccuracy(num_classes, top_k=top5),
-            }
+                "acc": MulticlassAccuracy(num_classes, top_k=1, average="micro"),
+                f"acc_top{top5}": MulticlassAccuracy(num_classes, top_k=top5, average="micro"),
+            },
+            compute_groups=False,
         )
         self.train_metrics = metrics.clone(prefix="train/")
         self.val_metrics = metrics.clone(prefix="val/")
