@@ -276,10 +276,11 @@ class QuantizationAwareTraining(Callback):
         prepared.eval()
         stage = trainer.state.stage
         trainer.state.stage = RunningStage.VALIDATING  # the DataModule normalises without augmenting
-        # The same definition as the module's val/acc (torchmetrics' default: macro average over classes).
+        # The same definition as the module's val/acc: the fraction of images classified correctly.
         num_classes = int(getattr(pl_module.hparams, "num_classes", 0) or len(pl_module.class_names))
         accuracy = {
-            k: MulticlassAccuracy(num_classes).to(pl_module.device) for k in ("float", "fake_quant", "int8")
+            k: MulticlassAccuracy(num_classes, average="micro").to(pl_module.device)
+            for k in ("float", "fake_quant", "int8")
         }
         agree = total = 0
         try:
@@ -290,7 +291,7 @@ class QuantizationAwareTraining(Callback):
                 logits = prepared(x)
                 if not accuracy:
                     accuracy = {
-                        k: MulticlassAccuracy(logits.shape[1]).to(y.device)
+                        k: MulticlassAccuracy(logits.shape[1], average="micro").to(y.device)
                         for k in ("float", "fake_quant", "int8")
                     }
                 fake_quant = logits.argmax(1)
