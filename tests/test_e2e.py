@@ -37,7 +37,7 @@ def test_cifar_fit_validate_test_predict_resume(fake_cifar, tmp_path):
     assert any(r["train/loss"] for r in rows)
 
     (wandb_run,) = (tmp_path / "logs" / "wandb").glob("offline-run-*")
-    recorded = read_run(wandb_run)
+    recorded = read_run(wandb_run, finished=True)
     assert any("val/acc" in row for row in recorded["history"])
     assert recorded["config"]["model"]["net"]["class_path"] == "project.models.SimpleCNN"
     assert recorded["config"]["data"]["init_args"]["val_size"] == 100

@@ -32,7 +32,7 @@ def test_offline_run_records_metrics_config_confusion_matrix_and_worst_predictio
         timeout=900,  # minutes on a loaded 2-core machine
     )  # fmt: skip
     (run_dir,) = (logs / "wandb").glob("offline-run-*")
-    run = read_run(run_dir)
+    run = read_run(run_dir, finished=True)
     keys = {key for row in run["history"] for key in row}
 
     assert {"val/acc", "train/loss", "grad_norm/total", "train/data_wait_step"} <= keys
@@ -45,6 +45,9 @@ def test_offline_run_records_metrics_config_confusion_matrix_and_worst_predictio
 
     # The confusion matrix: a 10 x 10 table of counts over the 100 validation images, logged every epoch.
     logged = [row for row in run["history"] if "val/confusion_matrix_table/path" in row]
+    assert (
+        len(list((run_dir / "files" / "media" / "table" / "val").glob("confusion_matrix_table_*.json"))) == 2
+    )
     assert len(logged) == 2 and all(row["val/confusion_matrix_table/_type"] == "table-file" for row in logged)
     table = json.loads((run_dir / "files" / run["summary"]["val/confusion_matrix_table/path"]).read_text())
     assert table["columns"] == ["Actual", "Predicted", "nPredictions"] and len(table["data"]) == 100

@@ -7,6 +7,7 @@ FIRST=2, MIDDLE=3, LAST=4) carrying serialized `wandb_internal_pb2.Record` messa
 
 import json
 import struct
+import time
 from pathlib import Path
 
 from wandb.proto import wandb_internal_pb2
@@ -36,9 +37,22 @@ def read_records(path: Path) -> list:
     return records
 
 
-def read_run(run_dir: Path) -> dict:
-    """{'history': [dict], 'summary': dict, 'config': dict} of the offline run in `run_dir`."""
+def wait_for_exit(path: Path, timeout: float = 120.0) -> None:
+    """Waits until the run file holds its `exit` record. wandb's service process writes the file and may still
+    be flushing the last rows after the training process has exited (seen on a loaded 2-core machine)."""
+    deadline = time.monotonic() + timeout
+    while not any(r.WhichOneof("record_type") == "exit" for r in read_records(path)):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{path} has no exit record after {timeout} s")
+        time.sleep(0.5)
+
+
+def read_run(run_dir: Path, finished: bool = False) -> dict:
+    """{'history': [dict], 'summary': dict, 'config': dict} of the offline run in `run_dir`; `finished`: the run
+    ended in another process, so wait for its exit record (an in-process run has none until it finishes)."""
     (path,) = Path(run_dir).glob("run-*.wandb")
+    if finished:
+        wait_for_exit(path)
     history, summary, config = [], {}, {}
     for record in read_records(path):
         kind = record.WhichOneof("record_type")
