@@ -9,7 +9,6 @@ torchvision pipeline. Reports validation accuracy and wall time of each.
 """
 
 import argparse
-import sys
 import time
 from pathlib import Path
 
@@ -17,16 +16,14 @@ import torch
 import torch.nn.functional as F
 import torchvision
 
-from benchmarks.common import emit, machine, plain_loader
-from project.cli import ProjectCLI
+from benchmarks.common import build_cli, emit, machine, plain_loader
 from project.data.image_cache import default_cache_dir
 from project.models import SimpleCNN
 
 
 def template(args, cache_dir: Path) -> tuple[float, float, list[int], list[int], list[Path]]:
-    argv, sys.argv = sys.argv, sys.argv[:1]  # the CLI warns when it is given args and a command line
-    cli = ProjectCLI(
-        args=[
+    cli = build_cli(
+        [
             "--config", "configs/folder.yaml", "--data.root", str(args.root), "--data.image_size", "32",
             "--data.batch_size", "128", "--data.cache_dir", str(cache_dir), "--data.val_fraction", "0.1",
             "--model.net", "SimpleCNN", "--model.scheduler", "null", "--model.label_smoothing", "0",
@@ -36,9 +33,7 @@ def template(args, cache_dir: Path) -> tuple[float, float, list[int], list[int],
             "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false", "--trainer.accelerator", "cpu",
             "--trainer.num_sanity_val_steps", "0",
         ],
-        run=False,
     )  # fmt: skip
-    sys.argv = argv
     start = time.perf_counter()
     cli.trainer.fit(cli.model, cli.datamodule)
     seconds = time.perf_counter() - start

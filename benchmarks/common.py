@@ -48,3 +48,17 @@ class Stopwatch:
 
     def __exit__(self, *exc):
         self.seconds = time.perf_counter() - self.start
+
+
+def build_cli(args: list[str]):
+    """`ProjectCLI(args=args, run=False)` from inside a benchmark: the benchmark's own command line is hidden
+    from it (LightningCLI warns when it is given both `args` and a command line)."""
+    import sys
+
+    from project.cli import ProjectCLI
+
+    argv, sys.argv = sys.argv, sys.argv[:1]
+    try:
+        return ProjectCLI(args=args, run=False)
+    finally:
+        sys.argv = argv

@@ -18,7 +18,6 @@ does not decide a comparison.
 """
 
 import argparse
-import sys
 import time
 from pathlib import Path
 
@@ -26,8 +25,7 @@ import lightning as L
 import torch
 import torch.nn.functional as F
 
-from benchmarks.common import emit, machine, plain_loader
-from project.cli import ProjectCLI
+from benchmarks.common import build_cli, emit, machine, plain_loader
 from project.data import ImageFolderDataModule
 from project.data.image_cache import default_cache_dir
 from project.models import CIFARResNet, SimpleCNN
@@ -50,9 +48,8 @@ class StepTimer(L.Callback):
 
 
 def template(args, cache_dir: Path, channels_last: bool = False, extra: tuple[str, ...] = ()) -> float:
-    argv, sys.argv = sys.argv, sys.argv[:1]  # the CLI warns when it is given args and a command line
-    cli = ProjectCLI(
-        args=[
+    cli = build_cli(
+        [
             "--config", "configs/folder.yaml", "--data.root", str(args.root), "--data.image_size", "32",
             "--data.batch_size", str(args.batch_size), "--data.cache_dir", str(cache_dir),
             "--model.net", args.net, "--model.scheduler", "null", "--model.label_smoothing", "0",
@@ -62,9 +59,7 @@ def template(args, cache_dir: Path, channels_last: bool = False, extra: tuple[st
             "--trainer.enable_checkpointing", "false", "--trainer.enable_progress_bar", "false",
             "--trainer.enable_model_summary", "false", "--trainer.accelerator", "cpu", *extra,
         ],
-        run=False,
     )  # fmt: skip
-    sys.argv = argv
     timer = StepTimer(args.warmup)
     cli.trainer.callbacks.append(timer)
     cli.trainer.fit(cli.model, cli.datamodule)

@@ -289,11 +289,6 @@ class QuantizationAwareTraining(Callback):
                     break
                 x, y = trainer.strategy.batch_to_device(batch)
                 logits = prepared(x)
-                if not accuracy:
-                    accuracy = {
-                        k: MulticlassAccuracy(logits.shape[1], average="micro").to(y.device)
-                        for k in ("float", "fake_quant", "int8")
-                    }
                 fake_quant = logits.argmax(1)
                 quantized = int8(x.cpu()).argmax(1).to(y.device)
                 accuracy["float"].update(floating(x).argmax(1), y)

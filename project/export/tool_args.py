@@ -47,8 +47,3 @@ def parse_tool_args(
     if takes_config:
         parsed["overrides"] = overrides
     return parsed
-
-
-def run_tool(function: Callable[..., Any], args: list[str], prog: str, takes_config: bool = True) -> Any:
-    """Parse `args` for `function` and call it."""
-    return function(**parse_tool_args(function, args, prog, takes_config))
