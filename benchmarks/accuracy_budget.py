@@ -5,7 +5,7 @@ training images, validated on a held-out, stratified 10% split (the same 5,000 i
 runs `python -m project fit` (configs/folder.yaml, in this process); the plain loop uses the per-sample
 torchvision pipeline. Reports validation accuracy and wall time of each.
 
-    python benchmarks/accuracy_budget.py --root /tmp/cifar10/train --epochs 3
+    python -m benchmarks.accuracy_budget --root /tmp/cifar10/train --epochs 3
 """
 
 import argparse

@@ -6,7 +6,7 @@ same augmentation done batched by `transform_batch` (on the CPU here; on the GPU
 Both deliver normalised, augmented float batches of the same size. The cache is built before timing; its
 one-time build cost is reported separately.
 
-    python benchmarks/data_throughput.py --root /tmp/cifar10/train
+    python -m benchmarks.data_throughput --root /tmp/cifar10/train
 """
 
 import argparse

@@ -13,8 +13,8 @@ Each variant trains `--steps` steps; images/s is measured over the steps after `
 in `--rounds` alternating rounds and each keeps its best round, so a moment of load elsewhere on the machine
 does not decide a comparison.
 
-    python benchmarks/train_throughput.py --root /tmp/cifar10/train --net SimpleCNN --steps 200
-    python benchmarks/train_throughput.py --root /tmp/cifar10/train --net CIFARResNet --steps 30 --warmup 5
+    python -m benchmarks.train_throughput --root /tmp/cifar10/train --net SimpleCNN --steps 200
+    python -m benchmarks.train_throughput --root /tmp/cifar10/train --net CIFARResNet --steps 30 --warmup 5
 """
 
 import argparse
