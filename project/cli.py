@@ -199,6 +199,15 @@ def _print_tools() -> None:
         print(f"  {name:<10} {summary}")
 
 
+def _finish_wandb(exit_code: int) -> None:
+    """Close the W&B run before the process exits. Lightning's WandbLogger never calls `wandb.finish()` and
+    leaves it to wandb's exit hook, which on a loaded machine could end the process before wandb's service had
+    written the last rows and the run's exit record (a run directory missing its final epoch)."""
+    wandb = sys.modules.get("wandb")  # imported only if a WandbLogger was used
+    if wandb is not None and wandb.run is not None:
+        wandb.finish(exit_code=exit_code)
+
+
 def main(args: list[str] | None = None) -> None:
     """Entry point of `python -m project`."""
     argv = sys.argv[1:] if args is None else list(args)
@@ -215,7 +224,9 @@ def main(args: list[str] | None = None) -> None:
                 _print_tools()
             return
         ProjectCLI(args=args)
+        _finish_wandb(0)
     except SIGTERMException:  # preemption: Lightning stopped after a batch; BestAndLastCheckpoint saved it
+        _finish_wandb(128 + signal.SIGTERM)
         print(
             "error: stopped by SIGTERM; resume with the same command plus --ckpt_path last", file=sys.stderr
         )
@@ -224,5 +235,6 @@ def main(args: list[str] | None = None) -> None:
         user_error = _user_error(exc)
         if user_error is None:
             raise
+        _finish_wandb(1)
         print(f"error: {user_error}", file=sys.stderr)
         sys.exit(1)
