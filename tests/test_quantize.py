@@ -9,7 +9,7 @@ import torch
 from torchvision.datasets import CIFAR10
 
 from project.errors import UserError
-from project.export.ort_quantization import quantize_static_int8
+from project.export.ort_quantization import needs_reduce_range, quantize_static_int8
 from project.export.quantize import quantize
 from project.export.report import COLUMNS
 from project.export.trained import load_trained
@@ -66,6 +66,8 @@ def test_quantize_report(trained_run, exported, tmp_path):
     report = json.loads((out / "quantization.json").read_text())
     results = {r["variant"]: r for r in report["results"]}
     assert list(results) == ROWS and report["info"]["samples"] == 100 and report["info"]["threads"] == 1
+    # Without --reduce_range the report says what this CPU got: 7-bit weights exactly when it lacks VNNI.
+    assert ("7-bit weights" in report["info"]["calibration"]) == needs_reduce_range()
     # The FP32 figure is the checkpoint's real test accuracy; ONNX Runtime agrees with eager everywhere.
     assert results["FP32 eager"]["accuracy"] == pytest.approx(
         _eager_test_accuracy(trained_run.ckpt, trained_run.data_dir)
@@ -91,6 +93,47 @@ def test_quantize_report(trained_run, exported, tmp_path):
     table = json.loads((wandb_run / "files" / row["quantization/path"]).read_text())
     assert table["columns"] == COLUMNS and [r[0] for r in table["data"]] == ROWS
     assert recorded["summary"]["fp32_eager/accuracy"] == pytest.approx(results["FP32 eager"]["accuracy"])
+
+
+def _int8_weights(path) -> list[np.ndarray]:
+    import onnx
+    from onnx import numpy_helper
+
+    model = onnx.load(str(path))
+    return [
+        numpy_helper.to_array(t)
+        for t in model.graph.initializer
+        if t.data_type == onnx.TensorProto.INT8 and t.dims
+    ]
+
+
+@pytest.mark.parametrize("reduce_range", [False, True])
+def test_static_int8_weight_range(exported, tmp_path, reduce_range):
+    """reduce_range reaches ONNX Runtime: 7-bit weights (|w| <= 64), which x86 U8S8 kernels without VNNI
+    can multiply-add in int16 without saturating; without it the per-channel weights use all 8 bits."""
+    calibration = (
+        np.random.default_rng(0).standard_normal((8, 3, 32, 32)).astype(np.float32) for _ in range(2)
+    )
+    out = tmp_path / "int8.onnx"
+    quantize_static_int8(exported, out, calibration, reduce_range=reduce_range)
+    weights = _int8_weights(out)
+    assert weights, "no INT8 weight tensors in the static INT8 model"
+    largest = max(int(np.abs(w.astype(np.int32)).max()) for w in weights)
+    assert largest <= 64 if reduce_range else largest == 127
+
+
+@pytest.mark.parametrize(
+    ("machine", "flags", "expected"),
+    [
+        ("x86_64", "fpu sse2 avx2 fma", True),  # AVX2 only (this kind of CPU): int16 accumulation saturates
+        ("x86_64", "fpu sse2 avx2 avx512f avx512_vnni", False),  # Cascade Lake and later
+        ("AMD64", "fpu sse2 avx2 avx_vnni", False),  # Alder Lake's AVX-VNNI
+        ("aarch64", "fp asimd", False),  # ARM kernels accumulate in int32
+    ],
+)
+def test_needs_reduce_range(machine, flags, expected):
+    cpuinfo = f"processor\t: 0\nvendor_id\t: x\nflags\t\t: {flags}\n\nprocessor\t: 1\nflags\t\t: {flags}\n"
+    assert needs_reduce_range(cpuinfo, machine) is expected
 
 
 def test_quantize_rejects_bad_arguments(trained_run, tmp_path):

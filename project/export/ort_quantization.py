@@ -7,6 +7,7 @@ PT2E flow (the successor of the deprecated `torch.ao.quantization`) is what the 
 with; its INT8 graph is fast only after `torch.compile`, which builds C++ on first use.
 """
 
+import platform
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Literal
@@ -17,6 +18,33 @@ from project.export.onnx_export import INPUT_NAME
 
 CalibrationMethod = Literal["minmax", "percentile", "entropy"]
 ActivationType = Literal["uint8", "int8"]
+
+
+# CPU flags of the dot-product instructions that accumulate u8 x s8 products straight into int32.
+VNNI_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8")
+
+
+def needs_reduce_range(cpuinfo: str | None = None, machine: str | None = None) -> bool:
+    """Whether static INT8 here should use 7-bit weights (`reduce_range`), as ONNX Runtime advises for U8S8.
+
+    x86 CPUs without VNNI multiply u8 activations by s8 weights with `vpmaddubsw`, which adds two products
+    into a saturating int16: with full 8-bit weights large sums clip, and a ResNet-18's top-1 flips on ~10%
+    of images (benchmarks/README.md section 6). 7-bit weights cannot overflow. VNNI CPUs (and ARM) accumulate
+    in int32 and keep the full 8 bits. `cpuinfo` defaults to /proc/cpuinfo; an x86 CPU whose flags cannot be
+    read is treated as lacking VNNI, the safe side (7-bit per-channel weights cost little accuracy).
+    """
+    machine = (machine or platform.machine()).lower()
+    if machine not in ("x86_64", "amd64", "i386", "i686", "x86"):
+        return False
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return True
+    flags = next(
+        (line.split(":", 1)[1].split() for line in cpuinfo.splitlines() if line.startswith("flags")), []
+    )
+    return not any(flag in flags for flag in VNNI_FLAGS)
 
 
 def _preprocess(fp32_path: Path, out_path: Path) -> Path:
@@ -70,7 +98,7 @@ def quantize_static_int8(
     method: CalibrationMethod = "minmax",
     activation_type: ActivationType = "uint8",
     per_channel: bool = True,
-    reduce_range: bool = False,
+    reduce_range: bool | None = None,
 ) -> int:
     """Static INT8 (QDQ format): weights and activations INT8, activation ranges calibrated beforehand.
 
@@ -81,7 +109,8 @@ def quantize_static_int8(
         method: How a range is chosen from the observed values: min/max, a percentile, or entropy.
         activation_type: `uint8` (U8S8: the fast path of x86 AVX2/AVX-512 kernels) or `int8` (S8S8).
         per_channel: One weight scale per output channel (keeps accuracy for convolutions).
-        reduce_range: 7-bit weights, for CPUs without VNNI where U8S8 products can saturate.
+        reduce_range: 7-bit weights, for x86 CPUs without VNNI where U8S8 products saturate; default:
+            `needs_reduce_range()` for this CPU.
 
     Returns:
         The number of calibration batches used.
@@ -89,6 +118,8 @@ def quantize_static_int8(
     from onnxruntime.quantization import CalibrationMethod as Method
     from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
 
+    if reduce_range is None:
+        reduce_range = needs_reduce_range()
     out_path = Path(out_path)
     pre = _preprocess(Path(fp32_path), out_path.with_name(out_path.stem + ".pre.onnx"))
     reader = _Batches(calibration_batches)
