@@ -81,7 +81,7 @@ def quantize(
         activation_type: Static INT8 activations as `uint8` (U8S8, the fast x86 path) or `int8` (S8S8).
         reduce_range: 7-bit INT8 weights for static INT8. Default: on when this CPU is x86 without VNNI,
             whose U8S8 kernels saturate with 8-bit weights (ONNX Runtime's advice; measured on a ResNet-18:
-            -1.06 points with 8 bits, -0.20 with 7). Set it for the CPU that will serve the model.
+            -5.92 points with 8 bits, -0.22 with 7). Set it for the CPU that will serve the model.
         limit_batches: Evaluate on at most this many batches of the split (default: all of it).
         batch_size: Batch size of the throughput measurement.
         repeats: Timed runs per variant and batch size (the median is reported).
