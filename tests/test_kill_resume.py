@@ -161,10 +161,11 @@ def test_killed_at_random_moments_resumes_and_matches_an_uninterrupted_run(fake_
     for moment in moments:
         proc = start(fit_args(fake_cifar, root, "--ckpt_path", "last"), tmp_path)
         before = mtime(last)
-        if (
-            moment == "during-write"
-        ):  # the hidden partial file exists only while a checkpoint is being written
-            hit = wait_for(lambda b=before: partial_path(last).exists() and mtime(last) == b, proc)
+        if moment == "during-write":
+            # The hidden partial file exists only while a checkpoint is being written. The SIGKILL at a random
+            # moment may have left one behind: wait for a write of this process's own (a newer partial file).
+            stale = mtime(partial_path(last))
+            hit = wait_for(lambda b=before, s=stale: mtime(partial_path(last)) > s and mtime(last) == b, proc)
         else:  # after the process has saved progress of its own, at a random moment
             hit = wait_for(lambda b=before: mtime(last) > b, proc, poll=0.05)
             time.sleep(rng.uniform(0.0, 1.5))
