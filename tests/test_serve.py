@@ -187,3 +187,31 @@ def test_serve_argument_errors(trained_run, exported, tmp_path):
     lonely.write_bytes(exported.read_bytes())
     with pytest.raises(UserError, match=r"lonely\.json does not exist: an exported model needs the JSON"):
         serve(onnx=str(lonely))
+
+
+def test_serve_load_benchmark_reports_both_modes(exported, tmp_path):
+    """benchmarks/serve_load.py (the figures in benchmarks/README.md section 7) runs end to end on a tiny model:
+    one JSON line per batching mode with every request answered, then the ratio of their requests/s."""
+    import json
+
+    images = tmp_path / "images"
+    images.mkdir()
+    for label in range(3):
+        (images / f"{label}.png").write_bytes(_png(label, seed=label))
+    proc = subprocess.run(
+        [
+            sys.executable, "-m", "benchmarks.serve_load", "--onnx", str(exported), "--images", str(images),
+            "--requests", "12", "--concurrency", "3", "--warmup", "3", "--max_batch_size", "4", "--threads", "1",
+        ],
+        cwd=ROOT, capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.strip().splitlines()
+    modes = {row["mode"]: row for row in map(json.loads, lines[1:3])}
+    assert set(modes) == {"batching_on", "batching_off"}
+    assert modes["batching_on"]["max_batch_size"] == 4 and modes["batching_off"]["max_batch_size"] == 1
+    for row in modes.values():
+        assert row["requests"] == 12 and row["errors"] == 0
+        assert row["requests_per_s"] > 0 and 0 < row["p50_ms"] <= row["p99_ms"]
+    ratio = modes["batching_on"]["requests_per_s"] / modes["batching_off"]["requests_per_s"]
+    assert lines[3] == f"ratio: {ratio:.2f}"
