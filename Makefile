@@ -11,7 +11,7 @@ CONSTRAINTS ?= constraints.txt
 WITH_VENV := PATH="$(abspath $(VENV))/bin:$$PATH"
 
 .DEFAULT_GOAL := help
-.PHONY: help install train test test-fast lint format hooks clean clean-all
+.PHONY: help install constraints train test test-fast lint format hooks clean clean-all
 
 help: ## List the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -23,6 +23,13 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	touch $@
 
 install: $(VENV)/.installed ## Create .venv and install the project with the pinned versions (constraints.txt)
+
+constraints: ## Re-pin constraints.txt from a fresh venv, after changing dependencies in pyproject.toml
+	rm -rf build/constraints-venv && $(PYTHON) -m venv build/constraints-venv
+	build/constraints-venv/bin/python -m pip install -q --upgrade pip
+	build/constraints-venv/bin/python -m pip install -q -c constraints.txt -e '.[dev]'
+	{ grep '^#' constraints.txt; build/constraints-venv/bin/python -m pip freeze --exclude-editable; } > build/constraints.txt
+	mv build/constraints.txt constraints.txt && rm -rf build/constraints-venv
 
 train: install ## Train: python -m project fit --config $(CONFIG) $(ARGS)
 	$(PY) -m project fit --config $(CONFIG) $(ARGS)

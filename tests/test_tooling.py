@@ -4,15 +4,18 @@ Make targets run for real in temporary folders (a scratch git repository for the
 running environment's tools; `-o <venv>/.installed` keeps them from ever reinstalling anything.
 """
 
+import ast
 import json
 import os
 import re
 import shutil
 import subprocess
 import sys
+from importlib import metadata
 from pathlib import Path
 
 import pytest
+import tomllib
 import yaml
 
 from tests.conftest import ROOT
@@ -234,3 +237,51 @@ def test_ci_workflow_runs_the_readme_test_command_on_python_310_to_312():
     runs = [s["run"] for s in test["steps"] if "run" in s]
     assert any(run.startswith(readme_test + " ") for run in runs)
     assert any(s.get("run", "").startswith("make lint") for s in workflow["jobs"]["lint"]["steps"])
+
+
+def _pins() -> dict[str, str]:
+    lines = (ROOT / "constraints.txt").read_text().splitlines()
+    pairs = (line.split("==") for line in lines if line.strip() and not line.startswith("#"))
+    return {_normalise(name): version for name, version in pairs}
+
+
+def _normalise(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def test_constraints_pin_exactly_what_is_installed():
+    """constraints.txt is `pip freeze` of `make install`: nothing pinned that is not installed, nothing
+    installed that is not pinned (the pins are resolved on Python 3.11; CI installs the ranges elsewhere)."""
+    if sys.version_info[:2] != (3, 11):
+        pytest.skip("the pins are resolved on Python 3.11; other Pythons install pyproject.toml's ranges")
+    installed = {_normalise(d.metadata["Name"]): d.version for d in metadata.distributions()}
+    installed = {k: v for k, v in installed.items() if k not in ("pip", "setuptools", "wheel", "project")}
+    assert installed == _pins()
+
+
+def test_every_imported_package_is_declared():
+    """What the code imports is a runtime dependency; what only tests and benchmarks import, a dev one."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    runtime = {_normalise(re.split(r"[<>=\[ ;]", d, maxsplit=1)[0]) for d in project["dependencies"]}
+    dev = {
+        _normalise(re.split(r"[<>=\[ ;]", d, maxsplit=1)[0]) for d in project["optional-dependencies"]["dev"]
+    }
+    distributions = metadata.packages_distributions()
+
+    def imported(*folders: str) -> set[str]:
+        names = set()
+        for folder in folders:
+            for path in (ROOT / folder).rglob("*.py"):
+                for node in ast.walk(ast.parse(path.read_text())):
+                    if isinstance(node, ast.Import):
+                        names |= {alias.name.split(".")[0] for alias in node.names}
+                    elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                        names.add(node.module.split(".")[0])
+        found = set()
+        for name in names - set(sys.stdlib_module_names) - {"project", "tests", "benchmarks", "examples"}:
+            assert name in distributions, f"{name} is imported but installed by no distribution"
+            found |= {_normalise(d) for d in distributions[name]}
+        return found
+
+    assert imported("project") <= runtime, imported("project") - runtime
+    assert imported("tests", "benchmarks") <= runtime | dev, imported("tests", "benchmarks") - runtime - dev
