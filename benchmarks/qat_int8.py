@@ -7,7 +7,7 @@ measures both on the same network and weights, after the same few QAT steps (so 
   fp32_compiled       torch.compile(float network)
   pt2e_int8_eager     torchao PT2E (X86InductorQuantizer, prepare_qat_pt2e, convert_pt2e): the INT8 model as
                       saved by the callback, run as is (quantize/dequantize around float kernels)
-  pt2e_int8_compiled  the same INT8 model under torch.compile with freezing (`project.pt2e.compile_int8`):
+  pt2e_int8_compiled  the same INT8 model under torch.compile with freezing (`project.compression.int8_program.compile_int8`):
                       Inductor turns the q/dq patterns into oneDNN INT8 kernels
   ao_eager_int8       torch.ao.quantization eager QAT (fuse, prepare_qat, convert; x86 backend): deprecated in
                       torch 2.14, and it needs the network rewritten with QuantStubs and FloatFunctional adds
@@ -35,7 +35,7 @@ from torch import nn
 from torchvision.models.quantization.resnet import QuantizableBasicBlock, QuantizableResNet
 
 from benchmarks.common import emit, machine
-from project import pt2e
+from project.compression import int8_program, pt2e
 from project.models import CIFARResNet, SimpleCNN
 
 
@@ -157,7 +157,7 @@ def main() -> None:
     report(
         "pt2e_int8_eager", int8, agreement_with_fake_quant=same, deprecation_warnings=warned + warned_convert
     )
-    compiled = pt2e.compile_int8(int8)
+    compiled = int8_program.compile_int8(int8)
     start = time.perf_counter()
     with torch.inference_mode():
         same = agreement(compiled(x), reference)  # the first call compiles

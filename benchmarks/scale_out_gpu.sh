@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU checks of the scale-out presets (issue 4), for one lent GPU: runs the gpu-marked tests, then measures
+# GPU checks of the scale-out presets, for one lent GPU: runs the gpu-marked tests, then measures
 # peak GPU memory of the CIFAR ResNet-18 (batch 256, 16-mixed, 20 steps) under DDP, FSDP and FSDP with
 # CPU offload, and prints a Markdown table for benchmarks/README.md. Needs no network: fake CIFAR files.
 #

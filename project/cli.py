@@ -2,16 +2,19 @@
 
 The CLI wires the pieces together and nothing more: the DataModule's `num_classes`, `class_names` and
 `input_shape` are linked into the model when both are instantiated, so a config never states them twice.
+The default callbacks are configurable under their own keys (`--checkpoint.save_top_k 3`); the reliability
+layer (`project.run`) adds safe checkpoints, in-place resume and one-line errors.
 """
 
 import importlib
 import logging
-import os
 import signal
 import sys
 import warnings
 from typing import Any
 
+from jsonargparse import ActionConfigFile, Namespace
+from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import (
     LearningRateMonitor,
     ModelCheckpoint,
@@ -36,11 +39,13 @@ from project.callbacks import (
     WandbDashboard,
 )
 from project.data import ImageDataModule
-from project.errors import UserError
+from project.errors import UserError, find_user_error
 from project.lit import ImageClassifier
-from project.reliable_cli import ReliableRunMixin
+from project.run.lightning_private import LightningCLIWithHooks
+from project.run.reliable_run import ReliableRunMixin
+from project.run.run_folder import DEFAULT_ROOT_DIR
 
-DEFAULT_ROOT_DIR = "logs"
+SEED = 42
 
 # Noise a user cannot act on: an advert printed on every run, and a deprecation inside Lightning itself.
 for _handler in logging.getLogger("lightning.pytorch").handlers:
@@ -50,7 +55,7 @@ warnings.filterwarnings(
     "ignore", message=r"(?s).*was deprecated in v4\.49\.0"
 )  # jsonargparse API used by Lightning
 
-# Loggers and their save_dir follow trainer.default_root_dir (see _follow_root_dir).
+# Loggers left at save_dir `logs` follow trainer.default_root_dir (project.run.run_folder).
 TRAINER_DEFAULTS: dict[str, Any] = {
     "default_root_dir": DEFAULT_ROOT_DIR,
     "logger": [
@@ -68,6 +73,35 @@ TRAINER_DEFAULTS: dict[str, Any] = {
 }
 
 
+def add_project_arguments(parser: LightningArgumentParser) -> None:
+    """The always-on callbacks, each configurable under its own key, and the data -> model links."""
+    parser.add_lightning_class_args(BestAndLastCheckpoint, "checkpoint")
+    parser.set_defaults(
+        {
+            "checkpoint.monitor": "val/acc",
+            "checkpoint.mode": "max",
+            "checkpoint.save_last": True,
+            "checkpoint.filename": "epoch{epoch:03d}-val_acc{val/acc:.4f}",
+            "checkpoint.auto_insert_metric_name": False,
+        }
+    )
+    parser.add_lightning_class_args(LearningRateMonitor, "lr_monitor")
+    parser.add_lightning_class_args(RichProgressBar, "progress_bar")
+    parser.add_lightning_class_args(RichModelSummary, "model_summary")
+    parser.set_defaults({"model_summary.max_depth": 2})
+    parser.add_lightning_class_args(PredictionWriter, "prediction_writer")
+    # Cheap training diagnostics and the W&B dashboard (README "Training diagnostics").
+    parser.add_lightning_class_args(GradientNormMonitor, "grad_norm")
+    parser.add_lightning_class_args(NonFiniteGuard, "nonfinite_guard")
+    parser.add_lightning_class_args(DataWaitMonitor, "data_wait")
+    parser.add_lightning_class_args(WandbDashboard, "wandb_dashboard")
+
+    parser.link_arguments("data.num_classes", "model.num_classes", apply_on="instantiate")
+    parser.link_arguments("data.num_classes", "model.net.init_args.num_classes", apply_on="instantiate")
+    parser.link_arguments("data.class_names", "model.class_names", apply_on="instantiate")
+    parser.link_arguments("data.input_shape", "model.input_shape", apply_on="instantiate")
+
+
 class LoggerSaveConfigCallback(SaveConfigCallback):
     """Saves the resolved config next to the run (config.yaml) and records it in every logger (W&B's run config)."""
 
@@ -77,15 +111,18 @@ class LoggerSaveConfigCallback(SaveConfigCallback):
             logger.log_hyperparams(config)
 
 
-class ProjectCLI(ReliableRunMixin, LightningCLI):
+class ProjectCLI(ReliableRunMixin, LightningCLIWithHooks):
     """LightningCLI with the template's defaults: links data -> model, default callbacks and loggers."""
 
     def __init__(self, args: list[str] | None = None, run: bool = True, **kwargs: Any) -> None:
+        argv = sys.argv[1:] if args is None else list(args)
+        # Only the requested subcommand's parser is built (each one introspects every class anew).
+        self._requested = str(argv[0]) if run and argv and str(argv[0]) in super().subcommands() else None
         super().__init__(
             model_class=ImageClassifier,
             datamodule_class=ImageDataModule,
             subclass_mode_data=True,
-            seed_everything_default=42,
+            seed_everything_default=SEED,
             trainer_defaults=TRAINER_DEFAULTS,
             save_config_callback=LoggerSaveConfigCallback,
             save_config_kwargs={"overwrite": True},
@@ -95,98 +132,61 @@ class ProjectCLI(ReliableRunMixin, LightningCLI):
             **kwargs,
         )
 
+    def subcommands(self) -> dict[str, set[str]]:
+        subcommands = super().subcommands()
+        return {self._requested: subcommands[self._requested]} if self._requested else subcommands
+
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
-        # Always-on callbacks, each configurable under its own key (e.g. --checkpoint.save_top_k 3).
-        parser.add_lightning_class_args(BestAndLastCheckpoint, "checkpoint")
-        parser.set_defaults(
-            {
-                "checkpoint.monitor": "val/acc",
-                "checkpoint.mode": "max",
-                "checkpoint.save_last": True,
-                "checkpoint.filename": "epoch{epoch:03d}-val_acc{val/acc:.4f}",
-                "checkpoint.auto_insert_metric_name": False,
-            }
-        )
-        parser.add_lightning_class_args(LearningRateMonitor, "lr_monitor")
-        parser.add_lightning_class_args(RichProgressBar, "progress_bar")
-        parser.add_lightning_class_args(RichModelSummary, "model_summary")
-        parser.set_defaults({"model_summary.max_depth": 2})
-        parser.add_lightning_class_args(PredictionWriter, "prediction_writer")
-        # Cheap training diagnostics and the W&B dashboard, on by default (issue 5; README "Training diagnostics").
-        parser.add_lightning_class_args(GradientNormMonitor, "grad_norm")
-        parser.add_lightning_class_args(NonFiniteGuard, "nonfinite_guard")
-        parser.add_lightning_class_args(DataWaitMonitor, "data_wait")
-        parser.add_lightning_class_args(WandbDashboard, "wandb_dashboard")
+        add_project_arguments(parser)
 
-        parser.link_arguments("data.num_classes", "model.num_classes", apply_on="instantiate")
-        parser.link_arguments("data.num_classes", "model.net.init_args.num_classes", apply_on="instantiate")
-        parser.link_arguments("data.class_names", "model.class_names", apply_on="instantiate")
-        parser.link_arguments("data.input_shape", "model.input_shape", apply_on="instantiate")
-
-    def before_instantiate_classes(self) -> None:
-        config = self.config[self.subcommand] if self.subcommand else self.config
-        _follow_root_dir(config.trainer)
-        super().before_instantiate_classes()  # ReliableRunMixin: W&B fallback, writable output, resume
-
-    def _instantiate_trainer(self, config: dict[str, Any], callbacks: list[Any]) -> Any:
+    def configure_trainer(self, trainer_config: dict[str, Any], callbacks: list[Any]) -> list[Any]:
         # Default callbacks step aside when the trainer flag they depend on is off, instead of raising.
         drop: tuple[type, ...] = ()
         if self.subcommand != "fit":  # nothing to checkpoint or schedule outside training
             drop += (ModelCheckpoint, LearningRateMonitor)
-        if config.get("logger") in (False, None, []):
+        if trainer_config.get("logger") in (False, None, []):
             drop += (LearningRateMonitor,)
-        if config.get("enable_checkpointing") is False:
+        if trainer_config.get("enable_checkpointing") is False:
             drop += (ModelCheckpoint,)
-        if config.get("enable_progress_bar") is False:
+        if trainer_config.get("enable_progress_bar") is False:
             drop += (ProgressBar,)
-        if config.get("enable_model_summary") is False:
+        if trainer_config.get("enable_model_summary") is False:
             drop += (ModelSummary,)
         callbacks = [c for c in callbacks if not isinstance(c, drop)]
         # Derives the per-device batch from data.global_batch_size and prints the effective batch size (rank 0).
         callbacks.append(EffectiveBatchSize())
-        return super()._instantiate_trainer(config, callbacks)
+        return super().configure_trainer(trainer_config, callbacks)
 
 
-def _follow_root_dir(trainer_config: Any) -> None:
-    """Point loggers left at the default folder to trainer.default_root_dir, and apply WANDB_MODE."""
-    root = trainer_config.default_root_dir or DEFAULT_ROOT_DIR
-    loggers = trainer_config.logger
-    if not isinstance(loggers, list):
-        loggers = [loggers] if loggers not in (None, True, False) else []
-    for logger in loggers:
-        init_args = getattr(logger, "init_args", None)
-        if init_args is None:
-            continue
-        if str(init_args.get("save_dir")) == DEFAULT_ROOT_DIR:
-            init_args["save_dir"] = root
-        if logger.class_path.endswith("WandbLogger") and os.environ.get("WANDB_MODE", "").lower() in (
-            "online",
-            "run",
-        ):
-            init_args["offline"] = False
-        wandb_offline = logger.class_path.endswith("WandbLogger") and init_args.get("offline")
-        if wandb_offline and init_args.get("log_model"):
-            # Lightning refuses log_model offline (checkpoints cannot be uploaded): keep them on disk instead.
-            warnings.warn(
-                "W&B is offline: checkpoints are not logged as artifacts (log_model needs online)",
-                stacklevel=2,
-            )
-            init_args["log_model"] = False
+def fit_parser() -> LightningArgumentParser:
+    """The parser of `python -m project fit`, built without running anything: for the tool commands, which read
+    a run's config files (or its saved config.yaml) and instantiate only the pieces they need."""
+    parser = LightningArgumentParser(exit_on_error=False)
+    parser.add_argument("-c", "--config", action=ActionConfigFile)
+    parser.add_argument("--seed_everything", type=bool | int, default=SEED)
+    parser.add_lightning_class_args(Trainer, "trainer")
+    parser.set_defaults({f"trainer.{key}": value for key, value in TRAINER_DEFAULTS.items()})
+    parser.add_lightning_class_args(ImageClassifier, "model")
+    parser.add_lightning_class_args(ImageDataModule, "data", subclass_mode=True)
+    add_project_arguments(parser)
+    parser.add_method_arguments(Trainer, "fit", skip=set(LightningCLI.subcommands()["fit"]))
+    return parser
 
 
-def _user_error(exc: BaseException | None) -> UserError | None:
-    """The UserError behind `exc`, if any (jsonargparse wraps errors raised while instantiating classes)."""
-    while exc is not None:
-        if isinstance(exc, UserError):
-            return exc
-        exc = exc.__cause__ or exc.__context__
-    return None
+def parse_fit_config(configs: list[str], overrides: list[str] | None = None) -> Namespace:
+    """Parse `--config` files (later ones win) and `--model.*`/`--data.*` overrides as `fit` would, instantiating
+    nothing; a bad file, key or value is a UserError naming it."""
+    args = [a for path in configs for a in ("--config", str(path))] + list(overrides or [])
+    try:
+        return fit_parser().parse_args(args)
+    except Exception as e:  # jsonargparse's ArgumentError (exit_on_error=False): name the key and value
+        raise UserError(str(e).strip().splitlines()[0]) from None
 
 
-# Tool commands beside LightningCLI's fit/validate/test/predict: name -> "module:function". Each function
-# takes the remaining command-line arguments (list[str]) and parses them itself (jsonargparse).
+# Tool commands beside LightningCLI's fit/validate/test/predict: name -> ("module:function", summary). Each
+# function takes the remaining command-line arguments (list[str]) and parses them itself (jsonargparse).
 TOOLS: dict[str, tuple[str, str]] = {
-    "export": ("project.export.export:main", "export a checkpoint to ONNX and/or TorchScript"),
+    "export": ("project.export.model_export:main", "export a checkpoint to ONNX and/or TorchScript"),
     "quantize": ("project.export.quantize:main", "INT8 quantization report: accuracy, latency, size"),
     "serve": ("project.serve.server:main", "HTTP prediction endpoint (LitServe)"),
     "predict_onnx": ("project.export.predict_onnx:main", "batched inference from an exported ONNX model"),
@@ -232,7 +232,7 @@ def main(args: list[str] | None = None) -> None:
         )
         sys.exit(128 + signal.SIGTERM)
     except Exception as exc:
-        user_error = _user_error(exc)
+        user_error = find_user_error(exc)
         if user_error is None:
             raise
         _finish_wandb(1)

@@ -7,3 +7,14 @@ itself must name what is at fault (the file, key or value) and what to do about 
 
 class UserError(Exception):
     """Bad input from the user, reported as one clear line."""
+
+
+def find_user_error(exc: BaseException | None) -> UserError | None:
+    """The UserError behind `exc`, if any: jsonargparse and DataLoader workers wrap the errors they catch."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, UserError):
+            return exc
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return None

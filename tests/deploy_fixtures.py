@@ -47,7 +47,7 @@ def trained_run(fake_cifar, tmp_path_factory) -> TrainedRun:
 @pytest.fixture(scope="session")
 def exported(trained_run, tmp_path_factory) -> Path:
     """model.onnx + model.json of the trained run (exported in-process)."""
-    from project.export.export import export
+    from project.export.model_export import export
 
     out = tmp_path_factory.mktemp("deploy_export")
     export(str(trained_run.ckpt), format="onnx", output_dir=str(out))

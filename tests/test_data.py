@@ -173,7 +173,7 @@ def test_interrupted_cache_build_leaves_nothing(image_folder, tmp_path, monkeypa
     def boom(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(image_cache, "_atomic_write_json", boom)
+    monkeypatch.setattr(image_cache, "atomic_write_text", boom)
     with pytest.raises(KeyboardInterrupt):
         ImageCache.load_or_build(files, 16, tmp_path / "cache")
     # The array may be in place but without its json marker it is not taken as complete: a rebuild follows.

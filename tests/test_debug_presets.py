@@ -7,7 +7,7 @@ import pytest
 import torch
 import yaml
 
-from project.callbacks.memory import CUDAMemoryRecorder
+from project.callbacks.debug.memory import CUDAMemoryRecorder
 from project.cli import ProjectCLI
 from project.models import MLP
 from tests.conftest import CONFIGS

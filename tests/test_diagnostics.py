@@ -16,9 +16,9 @@ from project.callbacks import (
     NonFiniteGuard,
     UpdateRatioMonitor,
 )
-from project.callbacks.data_wait import advice
+from project.callbacks.diagnostics.data_wait import advice
 from project.cli import main
-from project.loading import load_checkpoint
+from project.run.checkpoints import load_checkpoint
 from tests.callback_fit import make_data, make_model, make_trainer, read_metrics
 from tests.conftest import CONFIGS
 

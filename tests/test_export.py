@@ -9,12 +9,10 @@ import torch
 from torch import nn
 
 from project.errors import UserError
-from project.export.export import export
-from project.export.onnx_export import DEFAULT_OPSET
+from project.export.model_export import DEFAULT_OPSET, export, export_torchscript
 from project.export.preprocessing import read_metadata
-from project.export.torchscript_export import export_torchscript
 from project.export.trained import load_trained
-from project.loading import load_checkpoint
+from project.run.checkpoints import load_checkpoint
 from tests.conftest import run_cli
 
 pytest_plugins = ["tests.deploy_fixtures"]  # fixtures: trained_run, exported

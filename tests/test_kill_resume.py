@@ -17,10 +17,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from project.callbacks.rng_state import collect_rng_states, set_rng_states
-from project.checkpoint_io import AtomicCheckpointIO, partial_path
 from project.cli import main
-from project.resume import find_last_checkpoint, keep_csv_metrics
+from project.io import partial_path
+from project.run.checkpoints import AtomicCheckpointIO
+from project.run.provenance import collect_rng_states, set_rng_states
+from project.run.resume import find_last_checkpoint, keep_csv_metrics
 from tests.conftest import CONFIGS, ROOT, run_cli
 
 
@@ -144,6 +145,11 @@ def mtime(path: Path) -> int:
     return path.stat().st_mtime_ns if path.exists() else 0
 
 
+def newest_partial(path: Path) -> int:
+    """The mtime of the newest hidden partial file of `path` (any process's), 0 if there is none."""
+    return max((mtime(p) for p in path.parent.glob(f".{path.name}.*.partial")), default=0)
+
+
 def final_val(run: Path) -> dict:
     with open(run / "metrics.csv") as f:
         rows = [r for r in csv.DictReader(f) if r.get("val/loss")]
@@ -164,8 +170,8 @@ def test_killed_at_random_moments_resumes_and_matches_an_uninterrupted_run(fake_
         if moment == "during-write":
             # The hidden partial file exists only while a checkpoint is being written. The SIGKILL at a random
             # moment may have left one behind: wait for a write of this process's own (a newer partial file).
-            stale = mtime(partial_path(last))
-            hit = wait_for(lambda b=before, s=stale: mtime(partial_path(last)) > s and mtime(last) == b, proc)
+            stale = newest_partial(last)
+            hit = wait_for(lambda b=before, s=stale: newest_partial(last) > s and mtime(last) == b, proc)
         else:  # after the process has saved progress of its own, at a random moment
             hit = wait_for(lambda b=before: mtime(last) > b, proc, poll=0.05)
             time.sleep(rng.uniform(0.0, 1.5))
@@ -173,7 +179,7 @@ def test_killed_at_random_moments_resumes_and_matches_an_uninterrupted_run(fake_
         out, err = proc.communicate(timeout=300)
         assert hit and proc.returncode != 0, f"{moment}: the run ended before the kill\n{err[-3000:]}"
         if moment == "during-write":
-            assert partial_path(last).exists()  # killed mid-write: the half-written file is the hidden one
+            assert newest_partial(last)  # killed mid-write: the half-written file is the hidden one
         if moment == "sigterm":
             assert proc.returncode == 128 + signal.SIGTERM and "stopped by SIGTERM" in err, err[-3000:]
             assert "Traceback" not in err

@@ -6,8 +6,8 @@ import torch
 
 from project.errors import UserError
 from project.lit import ImageClassifier
-from project.loading import load_checkpoint, load_weights
 from project.models import MLP, SimpleCNN
+from project.run.checkpoints import load_checkpoint, load_weights
 
 
 class RunsCode:

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from project.ops import BiasGELU, bias_gelu, bias_gelu_reference
+from examples.ops import BiasGELU, bias_gelu, bias_gelu_reference
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 

@@ -8,7 +8,7 @@ from torch import nn
 
 from project.callbacks import ProgressivePruning
 from project.errors import UserError
-from project.loading import load_checkpoint, load_weights
+from project.run.checkpoints import load_checkpoint, load_weights
 from tests.callback_fit import epoch_values, make_data, make_model, make_trainer, read_metrics
 
 

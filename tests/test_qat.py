@@ -11,11 +11,11 @@ import torch
 from torch import nn
 from torchvision.models.resnet import BasicBlock
 
-from project import pt2e
 from project.callbacks import ProgressivePruning, QuantizationAwareTraining
+from project.compression import int8_program, pt2e
 from project.errors import UserError
-from project.loading import load_checkpoint, load_weights
 from project.models import SimpleCNN
+from project.run.checkpoints import load_checkpoint, load_weights
 from tests.callback_fit import make_data, make_model, make_trainer
 from tests.conftest import CONFIGS, ROOT, run_cli
 
@@ -81,7 +81,9 @@ def test_compiled_int8_agrees_with_the_int8_graph_at_any_batch_size():
     prepared = pt2e.prepare_qat(net, torch.zeros(2, 3, 32, 32))
     prepared(torch.randn(32, 3, 32, 32))  # calibrates the observers
     int8 = pt2e.convert(prepared.eval())
-    compiled = pt2e.compile_int8(int8)  # oneDNN INT8 kernels; compiles with the machine's C++ compiler
+    compiled = int8_program.compile_int8(
+        int8
+    )  # oneDNN INT8 kernels; compiles with the machine's C++ compiler
     for batch in (16, 5):  # the program has a dynamic batch dimension
         x = torch.randn(batch, 3, 32, 32)
         with torch.no_grad():
@@ -109,8 +111,8 @@ def test_a_run_that_stops_before_qat_says_no_int8_model_was_saved(fake_cifar, tm
 
 PREDICT_INT8 = """
 import sys, torch
-from project import pt2e
-model, metadata = pt2e.load_int8(sys.argv[1])
+from project.compression import int8_program, pt2e
+model, metadata = int8_program.load_int8(sys.argv[1])
 batch = torch.load(sys.argv[2])
 with torch.no_grad():
     torch.save(model(batch["x"]).argmax(1), sys.argv[3])

@@ -8,8 +8,8 @@ import pytest
 import torch
 from torchvision.datasets import CIFAR10
 
+from project.compression.onnx_int8 import needs_reduce_range, quantize_static_int8
 from project.errors import UserError
-from project.export.ort_quantization import needs_reduce_range, quantize_static_int8
 from project.export.quantize import quantize
 from project.export.report import COLUMNS
 from project.export.trained import load_trained
@@ -147,9 +147,10 @@ def test_quantize_rejects_bad_arguments(trained_run, tmp_path):
 def test_pt2e_static_int8_artifact(tmp_path, monkeypatch):
     """torchao PT2E static INT8: saved as a .pt2, reloaded, close to the float network; and when
     torch.compile fails on this torch build, it runs uncompiled with a warning instead of failing."""
-    from project import pt2e
-    from project.export.pt2e_static import quantize_pt2e_static
-    from project.export.qat_artifact import load_int8_runtime
+    from project.compression import int8_program
+    from project.compression.int8_program import load_int8, save_int8
+    from project.compression.pt2e import quantize_static
+    from project.export.runtimes import load_int8_runtime
     from project.models import SimpleCNN
 
     torch.manual_seed(0)
@@ -157,8 +158,14 @@ def test_pt2e_static_int8_artifact(tmp_path, monkeypatch):
     rng = np.random.default_rng(0)
     calibration = [rng.standard_normal((16, 3, 32, 32)).astype(np.float32) for _ in range(3)]
     path = tmp_path / "model.int8-pt2e.pt2"
-    assert quantize_pt2e_static(net, calibration, (3, 32, 32), path, {"class_names": list("abcd")}) == 3
-    assert pt2e.load_int8(path)[1]["class_names"] == list("abcd")
+    example = torch.zeros(2, 3, 32, 32)
+    save_int8(
+        quantize_static(net, (torch.from_numpy(b) for b in calibration), example),
+        path,
+        example,
+        {"class_names": list("abcd")},
+    )
+    assert load_int8(path)[1]["class_names"] == list("abcd")
 
     runtime, how = load_int8_runtime(path, (3, 32, 32), compile=False)
     assert how == "torch.export program, uncompiled"
@@ -175,7 +182,7 @@ def test_pt2e_static_int8_artifact(tmp_path, monkeypatch):
 
         return run
 
-    monkeypatch.setattr(pt2e, "compile_int8", broken_compile)
+    monkeypatch.setattr(int8_program, "compile_int8", broken_compile)
     with pytest.warns(UserWarning, match="torch.compile of the INT8 program failed .*no INT8 kernels here"):
         runtime, how = load_int8_runtime(path, (3, 32, 32))
     assert how.startswith("uncompiled: torch.compile failed") and runtime(x).shape == expected.shape

@@ -1,5 +1,6 @@
 """Every `python -m project ...` command in the README parses (the end-to-end tests run their equivalents)."""
 
+import re
 import shlex
 
 import pytest
@@ -37,3 +38,49 @@ def test_readme_command_parses(command, image_folder, capsys, monkeypatch):
         ProjectCLI(args=args)
     assert exit_info.value.code in (0, None), capsys.readouterr().err
     assert "model" in yaml.safe_load(capsys.readouterr().out)
+
+
+def _layout_section() -> str:
+    text = (ROOT / "README.md").read_text()
+    return text[text.index("## Layout") : text.index("\n## ", text.index("## Layout") + 1)]
+
+
+def _start_here_files() -> list:
+    """The files of the README's "Start here" block (`dir/a.py, b.py` names two files in dir/)."""
+    block = _layout_section().split("```")[1]
+    files = []
+    for line in block.splitlines():
+        names = line.split("  ")[0].strip()
+        if not names:
+            continue
+        first, *rest = [n.strip() for n in names.split(",")]
+        files.append(ROOT / first)
+        files += [(ROOT / first).parent / name for name in rest]
+    return files
+
+
+def test_start_here_is_short_and_says_how_long_it_is():
+    files = _start_here_files()
+    assert files and all(f.is_file() for f in files), [f for f in files if not f.is_file()]
+    lines = sum(len(f.read_text().splitlines()) for f in files)
+    stated = int(re.search(r"about ([\d,]+) lines", _layout_section()).group(1).replace(",", ""))
+    assert lines <= 1500 and abs(lines - stated) <= 0.1 * stated, (lines, stated)
+
+
+def test_layout_names_every_folder_and_the_top_of_project_stays_small():
+    layout = _layout_section()
+    folders = [p for p in (ROOT / "project").rglob("*") if p.is_dir() and p.name != "__pycache__"]
+    for folder in folders:
+        relative = folder.relative_to(ROOT / "project")
+        assert f"{relative.parts[0]}/" in layout and (
+            len(relative.parts) == 1 or f"{folder.name}/" in layout
+        ), folder
+    top = {p.name for p in (ROOT / "project").iterdir() if p.is_file() and p.suffix == ".py"}
+    assert top <= {"__init__.py", "__main__.py", "cli.py", "errors.py", "io.py"}, top
+
+
+def test_no_module_is_longer_than_300_lines():
+    long = {
+        str(p): n for p in (ROOT / "project").rglob("*.py") if (n := len(p.read_text().splitlines())) > 300
+    }
+    assert not long, long

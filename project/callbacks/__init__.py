@@ -1,29 +1,45 @@
-"""Callbacks: extra behaviour around training, attached through Lightning hooks only."""
+"""Callbacks: extra behaviour around training, attached through Lightning hooks only.
+
+Grouped like `configs/`: the default ones here (checkpoints, predictions, effective batch size),
+`diagnostics/` (on by default: gradient norms, the non-finite guard, data wait, the W&B dashboard; opt-in:
+update ratios, throughput), `tuning/` (LR and batch-size finders), `debug/` (CUDA memory, profiler). Pruning
+and QAT live in `project.compression`. Every callback is exported here, so configs name it by its class alone
+(`class_path: ProgressivePruning`).
+"""
 
 from project.callbacks.checkpoint import BestAndLastCheckpoint
-from project.callbacks.data_wait import DataWaitMonitor
+from project.callbacks.debug.memory import CUDAMemoryRecorder
+from project.callbacks.debug.profiler import ScheduledProfiler
+from project.callbacks.diagnostics.data_wait import DataWaitMonitor
+from project.callbacks.diagnostics.grad_norm import GradientNormMonitor
+from project.callbacks.diagnostics.nonfinite import NonFiniteError, NonFiniteGuard
+from project.callbacks.diagnostics.throughput import ImageThroughputMonitor
+from project.callbacks.diagnostics.update_ratio import UpdateRatioMonitor
+from project.callbacks.diagnostics.wandb_dashboard import WandbDashboard
 from project.callbacks.effective_batch_size import EffectiveBatchSize
-from project.callbacks.grad_norm import GradientNormMonitor
-from project.callbacks.nonfinite import NonFiniteError, NonFiniteGuard
 from project.callbacks.prediction_writer import PredictionWriter
-from project.callbacks.pruning import ProgressivePruning
-from project.callbacks.qat import QuantizationAwareTraining
-from project.callbacks.throughput import ImageThroughputMonitor
-from project.callbacks.update_ratio import UpdateRatioMonitor
-from project.callbacks.wandb_dashboard import WandbDashboard
+from project.callbacks.tuning.batch_size_finder import MaxBatchSizeFinder
+from project.callbacks.tuning.lr_finder import LRFinder
+from project.callbacks.whitening import PatchWhiteningInit
+from project.compression.pruning import ProgressivePruning
+from project.compression.qat import QuantizationAwareTraining
 
 __all__ = [
+    "MaxBatchSizeFinder",
     "BestAndLastCheckpoint",
-    "EffectiveBatchSize",
-    "PredictionWriter",
-    # issue 5: pruning, QAT, training diagnostics, W&B dashboards
+    "CUDAMemoryRecorder",
     "DataWaitMonitor",
+    "EffectiveBatchSize",
     "GradientNormMonitor",
     "ImageThroughputMonitor",
+    "LRFinder",
     "NonFiniteError",
     "NonFiniteGuard",
+    "PatchWhiteningInit",
+    "PredictionWriter",
     "ProgressivePruning",
     "QuantizationAwareTraining",
+    "ScheduledProfiler",
     "UpdateRatioMonitor",
     "WandbDashboard",
 ]

@@ -7,6 +7,8 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
+from project.run import lightning_private as private
+
 
 class BestAndLastCheckpoint(ModelCheckpoint):
     """Keeps the best checkpoints by the monitored metric and, with `save_last`, the latest one.
@@ -31,12 +33,8 @@ class BestAndLastCheckpoint(ModelCheckpoint):
         self._last_refreshed_step = -1
 
     def _refresh_last(self, trainer: L.Trainer) -> None:
-        if (
-            self.save_last
-            and not self._should_skip_saving_checkpoint(trainer)
-            and self._last_global_step_saved != trainer.global_step
-        ):
-            self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
+        if self.save_last and not private.skips_saving(self, trainer):
+            private.save_last(self, trainer)
             self._last_refreshed_step = trainer.global_step
 
     def on_train_batch_end(
@@ -48,25 +46,25 @@ class BestAndLastCheckpoint(ModelCheckpoint):
         if (n and trainer.global_step % n == 0) or trainer.received_sigterm:
             # A periodic save must not count as "saved at this step": the epoch-end save that may follow at the
             # same step still has to choose the best-k checkpoints and record the validation results.
-            saved_before = self._last_global_step_saved
+            saved_before = private.last_saved_step(self)
             self._refresh_last(trainer)
-            self._last_global_step_saved = saved_before
+            private.set_last_saved_step(self, saved_before)
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         super().on_train_epoch_end(trainer, pl_module)
-        if self._should_save_on_train_epoch_end(trainer):
+        if private.saves_on_train_epoch_end(self, trainer):
             self._refresh_last(trainer)
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         super().on_validation_end(trainer, pl_module)
-        if not self._should_save_on_train_epoch_end(trainer):
+        if not private.saves_on_train_epoch_end(self, trainer):
             self._refresh_last(trainer)
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # Lightning 2.6's on_train_end writes last.ckpt without asking `_should_skip_saving_checkpoint`, so a
-        # `fast_dev_run` (documented to write no checkpoint) left a last.ckpt behind that `--ckpt_path last`
-        # would then resume from.
-        if not self._should_skip_saving_checkpoint(trainer):
+        # `fast_dev_run` (documented to write no checkpoint) would leave a last.ckpt behind for `--ckpt_path last`
+        # to resume from.
+        if not private.skips_saving(self, trainer):
             super().on_train_end(trainer, pl_module)
 
     def on_exception(

@@ -7,7 +7,7 @@ import torch
 from torchvision import datasets
 from torchvision.transforms import v2
 
-from project.data.base import ImageDataModule
+from project.data.datamodule import ImageDataModule
 from project.data.tensor_dataset import TensorImageDataset
 from project.errors import UserError
 
@@ -28,111 +28,18 @@ _DATASETS = {
 _TRAIN_SIZE = 50_000
 # The label order of torchvision's CIFAR10.classes / CIFAR100.classes, known before any file is read so
 # the CLI can link class names to the model before the data is downloaded.
-_CLASSES = {
-    "cifar10": ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"],
-    "cifar100": [
-        "apple",
-        "aquarium_fish",
-        "baby",
-        "bear",
-        "beaver",
-        "bed",
-        "bee",
-        "beetle",
-        "bicycle",
-        "bottle",
-        "bowl",
-        "boy",
-        "bridge",
-        "bus",
-        "butterfly",
-        "camel",
-        "can",
-        "castle",
-        "caterpillar",
-        "cattle",
-        "chair",
-        "chimpanzee",
-        "clock",
-        "cloud",
-        "cockroach",
-        "couch",
-        "crab",
-        "crocodile",
-        "cup",
-        "dinosaur",
-        "dolphin",
-        "elephant",
-        "flatfish",
-        "forest",
-        "fox",
-        "girl",
-        "hamster",
-        "house",
-        "kangaroo",
-        "keyboard",
-        "lamp",
-        "lawn_mower",
-        "leopard",
-        "lion",
-        "lizard",
-        "lobster",
-        "man",
-        "maple_tree",
-        "motorcycle",
-        "mountain",
-        "mouse",
-        "mushroom",
-        "oak_tree",
-        "orange",
-        "orchid",
-        "otter",
-        "palm_tree",
-        "pear",
-        "pickup_truck",
-        "pine_tree",
-        "plain",
-        "plate",
-        "poppy",
-        "porcupine",
-        "possum",
-        "rabbit",
-        "raccoon",
-        "ray",
-        "road",
-        "rocket",
-        "rose",
-        "sea",
-        "seal",
-        "shark",
-        "shrew",
-        "skunk",
-        "skyscraper",
-        "snail",
-        "snake",
-        "spider",
-        "squirrel",
-        "streetcar",
-        "sunflower",
-        "sweet_pepper",
-        "table",
-        "tank",
-        "telephone",
-        "television",
-        "tiger",
-        "tractor",
-        "train",
-        "trout",
-        "tulip",
-        "turtle",
-        "wardrobe",
-        "whale",
-        "willow_tree",
-        "wolf",
-        "woman",
-        "worm",
-    ],
-}
+_CIFAR10 = "airplane automobile bird cat deer dog frog horse ship truck"
+_CIFAR100 = (
+    "apple aquarium_fish baby bear beaver bed bee beetle bicycle bottle bowl boy bridge bus butterfly "
+    "camel can castle caterpillar cattle chair chimpanzee clock cloud cockroach couch crab crocodile cup "
+    "dinosaur dolphin elephant flatfish forest fox girl hamster house kangaroo keyboard lamp lawn_mower "
+    "leopard lion lizard lobster man maple_tree motorcycle mountain mouse mushroom oak_tree orange orchid "
+    "otter palm_tree pear pickup_truck pine_tree plain plate poppy porcupine possum rabbit raccoon ray "
+    "road rocket rose sea seal shark shrew skunk skyscraper snail snake spider squirrel streetcar "
+    "sunflower sweet_pepper table tank telephone television tiger tractor train trout tulip turtle "
+    "wardrobe whale willow_tree wolf woman worm"
+)
+_CLASSES = {"cifar10": _CIFAR10.split(), "cifar100": _CIFAR100.split()}
 
 
 class CIFARDataModule(ImageDataModule):

@@ -5,22 +5,17 @@ import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from lightning.pytorch.utilities import rank_zero_warn
 from torch.utils.data import DataLoader, Dataset
 
-from project.data.base import ImageDataModule, available_cpus
-from project.data.image_cache import ImageCache, default_cache_dir, drop_bad
-from project.data.images import (
-    DecodeAll,
-    ImageFileDataset,
-    as_list,
-    check_image,
-    list_images,
-    scan_class_folders,
-)
-from project.data.tensor_dataset import TensorImageDataset
+from project.data.datamodule import ImageDataModule, available_cpus
+from project.data.image_cache import ImageCache, channel_mean_std, default_cache_dir, drop_bad
+from project.data.images import DecodeAll, ImageFileDataset, check_image, list_images, scan_class_folders
+from project.data.tensor_dataset import TensorImageDataset, keep_as_is
 from project.errors import UserError
+from project.io import atomic_write_text
 
 
 class ImageFolderDataModule(ImageDataModule):
@@ -175,16 +170,19 @@ class ImageFolderDataModule(ImageDataModule):
         if path.exists():
             stats = json.loads(path.read_text())
             return tuple(stats["mean"]), tuple(stats["std"])
-        total, total_sq, n = torch.zeros(3, dtype=torch.float64), torch.zeros(3, dtype=torch.float64), 0
-        for batch in DataLoader(
-            DecodeAll(files, self.image_size), batch_size=64, num_workers=self._workers(), collate_fn=as_list
-        ):
-            for _, image, _error in batch:
-                if image is not None:
-                    x = torch.from_numpy(image).double().reshape(-1, 3) / 255.0
-                    total, total_sq, n = total + x.sum(0), total_sq + (x * x).sum(0), n + len(x)
-        mean = total / n
-        std = (total_sq / n - mean**2).clamp_min(1e-12).sqrt()
-        self.cache_dir.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({"mean": mean.tolist(), "std": std.tolist()}))
-        return tuple(mean.tolist()), tuple(std.tolist())
+        loader = DataLoader(
+            DecodeAll(files, self.image_size),
+            batch_size=64,
+            num_workers=self._workers(),
+            collate_fn=keep_as_is,
+        )
+        images = (
+            torch.from_numpy(np.stack([image for _, image, _ in batch if image is not None])).permute(
+                0, 3, 1, 2
+            )
+            for batch in loader
+            if any(image is not None for _, image, _ in batch)
+        )
+        mean, std = channel_mean_std(images)
+        atomic_write_text(path, json.dumps({"mean": mean, "std": std}))
+        return mean, std

@@ -8,6 +8,7 @@ place, so an interrupted build never leaves a cache that looks complete.
 import hashlib
 import json
 import os
+from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
@@ -15,8 +16,10 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch.utils.data import DataLoader
 
-from project.data.images import DecodeAll, as_list
+from project.data.images import DecodeAll
+from project.data.tensor_dataset import keep_as_is
 from project.errors import UserError
+from project.io import atomic_path, atomic_write_text
 
 CACHE_VERSION = 1
 
@@ -33,10 +36,20 @@ def cache_key(files: list[Path], size: int) -> str:
     return h.hexdigest()[:24]
 
 
-def _atomic_write_json(path: Path, data: dict) -> None:
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(json.dumps(data))
-    os.replace(tmp, path)
+def channel_mean_std(chunks: Iterable[torch.Tensor]) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Per-channel mean and std in [0, 1] units over uint8 image batches (N, C, H, W), in float64."""
+    total = total_sq = None
+    n = 0
+    for chunk in chunks:
+        x = chunk.double() / 255.0
+        s, sq = x.sum(dim=(0, 2, 3)), (x * x).sum(dim=(0, 2, 3))
+        total, total_sq = (s, sq) if total is None else (total + s, total_sq + sq)
+        n += x.shape[0] * x.shape[2] * x.shape[3]
+    if total is None:
+        raise UserError("no readable training images to compute the mean and std from")
+    mean = total / n
+    std = (total_sq / n - mean**2).clamp_min(1e-12).sqrt()
+    return tuple(mean.tolist()), tuple(std.tolist())
 
 
 class ImageCache:
@@ -69,12 +82,11 @@ class ImageCache:
         rank_zero_info(
             f"Decoding {len(files)} images at {size}x{size} into the cache {array_path} (once) ..."
         )
-        tmp = array_path.with_name(f".{array_path.name}.tmp{os.getpid()}")
         bad: dict[int, str] = {}
-        try:
+        with atomic_path(array_path) as tmp:
             out = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.uint8, shape=(len(files), 3, size, size))
             loader = DataLoader(
-                DecodeAll(files, size), batch_size=256, num_workers=num_workers, collate_fn=as_list
+                DecodeAll(files, size), batch_size=256, num_workers=num_workers, collate_fn=keep_as_is
             )
             for batch in loader:
                 for i, image, error in batch:
@@ -85,10 +97,8 @@ class ImageCache:
                         bad[i] = error
             out.flush()
             del out
-            os.replace(tmp, array_path)
-        finally:
-            tmp.unlink(missing_ok=True)
-        _atomic_write_json(meta_path, {"files": len(files), "size": size, "bad": bad, "stats": {}})
+        # Written last: its presence marks a complete cache.
+        atomic_write_text(meta_path, json.dumps({"files": len(files), "size": size, "bad": bad, "stats": {}}))
         return cls(np.load(array_path, mmap_mode="r"), bad, meta_path)
 
     def mean_std(self, indices: torch.Tensor) -> tuple[tuple[float, ...], tuple[float, ...]]:
@@ -96,17 +106,10 @@ class ImageCache:
         key = hashlib.sha256(indices.numpy().tobytes()).hexdigest()[:16]
         meta = json.loads(self.meta_path.read_text())
         if key not in meta["stats"]:
-            total = torch.zeros(3, dtype=torch.float64)
-            total_sq = torch.zeros(3, dtype=torch.float64)
-            for chunk in indices.sort().values.split(4096):
-                x = torch.from_numpy(self.images[chunk.numpy()]).double() / 255.0
-                total += x.sum(dim=(0, 2, 3))
-                total_sq += (x * x).sum(dim=(0, 2, 3))
-            n = len(indices) * self.images.shape[2] * self.images.shape[3]
-            mean = total / n
-            std = (total_sq / n - mean**2).clamp_min(1e-12).sqrt()
-            meta["stats"][key] = {"mean": mean.tolist(), "std": std.tolist()}
-            _atomic_write_json(self.meta_path, meta)
+            chunks = (torch.from_numpy(self.images[c.numpy()]) for c in indices.sort().values.split(4096))
+            mean, std = channel_mean_std(chunks)
+            meta["stats"][key] = {"mean": mean, "std": std}
+            atomic_write_text(self.meta_path, json.dumps(meta))
         stats = meta["stats"][key]
         return tuple(stats["mean"]), tuple(stats["std"])
 

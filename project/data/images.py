@@ -143,8 +143,3 @@ class DecodeAll(Dataset):
             return i, decode_image(self.files[i], self.size), None
         except BAD_IMAGE_ERRORS as e:
             return i, None, str(e) or type(e).__name__
-
-
-def as_list(batch: list) -> list:
-    """A collate_fn that keeps the samples as they are (module-level so it pickles into workers)."""
-    return batch

@@ -1,6 +1,7 @@
 """A dataset held in memory as one uint8 tensor, read a whole batch at a time."""
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -66,6 +67,7 @@ class TensorImageDataset(Dataset):
         return x[0], y[0]
 
 
-def collate_batch(batch: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
-    """The batch is already collated by `__getitems__`; module-level so it pickles into workers."""
+def keep_as_is(batch: Any) -> Any:
+    """A collate_fn that hands the batch on unchanged: `__getitems__` has collated it already (or the samples
+    are kept as a list). Module-level, so it pickles into DataLoader workers."""
     return batch

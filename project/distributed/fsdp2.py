@@ -5,6 +5,8 @@ from datetime import timedelta
 from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
 from lightning.pytorch.strategies import ModelParallelStrategy
 
+from project.run.lightning_private import set_data_parallel_size
+
 
 class FSDP2Strategy(ModelParallelStrategy):
     """FSDP2 (`fully_shard`) over every process: ModelParallelStrategy with one data-parallel dimension.
@@ -45,5 +47,5 @@ class FSDP2Strategy(ModelParallelStrategy):
 
     def setup_environment(self) -> None:
         # Known only now: the number of processes on every node, times the number of nodes.
-        self._data_parallel_size = self.num_nodes * self.num_processes
+        set_data_parallel_size(self, self.num_nodes * self.num_processes)
         super().setup_environment()

@@ -13,11 +13,11 @@ from pathlib import Path
 from torch.utils.data import DataLoader, Dataset
 
 from project.data.images import ImageFileDataset, list_images
-from project.data.tensor_dataset import TensorImageDataset, collate_batch
+from project.data.tensor_dataset import TensorImageDataset, keep_as_is
 from project.errors import UserError
 from project.export.preprocessing import Preprocessing, read_metadata
 from project.export.runtimes import OnnxRuntime, softmax_top1
-from project.export.tool_args import parse_tool_args
+from project.export.trained import parse_tool_args
 
 CIFAR_SPLITS = ("cifar10:test", "cifar10:train", "cifar100:test", "cifar100:train")
 
@@ -81,7 +81,7 @@ def predict_onnx(
     dataset, names = _cifar(input, data_dir, pre) if input in CIFAR_SPLITS else _folder(Path(input), pre)
     batched = isinstance(dataset, TensorImageDataset)
     loader = DataLoader(
-        dataset, batch_size=batch_size, num_workers=num_workers, collate_fn=collate_batch if batched else None
+        dataset, batch_size=batch_size, num_workers=num_workers, collate_fn=keep_as_is if batched else None
     )
     runtime = OnnxRuntime(model, threads=threads)
 

@@ -1,33 +1,42 @@
 """`python -m project quantize`: the INT8 deployment table for a trained checkpoint."""
 
+import io
 import shlex
 import sys
 from collections.abc import Iterator
+from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
 from typing import Literal
 
 import numpy as np
 import torch
+from torch import nn
 
-from project.errors import UserError
-from project.export.export import FILES, export_trained
-from project.export.files import staged_outputs
-from project.export.measure import accuracy, speed
-from project.export.ort_quantization import (
+from project.compression.int8_program import save_int8
+from project.compression.onnx_int8 import (
     ActivationType,
     CalibrationMethod,
     needs_reduce_range,
     quantize_dynamic_linear,
     quantize_static_int8,
 )
+from project.compression.pt2e import quantize_static
+from project.errors import UserError
+from project.export.model_export import FILES, export_trained
 from project.export.preprocessing import Preprocessing
-from project.export.pt2e_static import quantize_pt2e_static
-from project.export.qat_artifact import find_qat_artifact
-from project.export.report import VariantResult, log_to_wandb, machine, markdown, write_report
-from project.export.tool_args import parse_tool_args
-from project.export.trained import build_datamodule, load_trained
-from project.export.variants import eager_variant, int8_variant, onnx_variant
+from project.export.report import (
+    VariantResult,
+    accuracy,
+    log_to_wandb,
+    machine,
+    markdown,
+    speed,
+    write_report,
+)
+from project.export.runtimes import OnnxRuntime, Runtime, TorchRuntime, find_qat_artifact, load_int8_runtime
+from project.export.trained import build_datamodule, load_trained, parse_tool_args
+from project.io import file_size_mb, staged_outputs
 
 DYNAMIC_FILE, STATIC_FILE = "model.int8-dynamic.onnx", "model.int8-static.onnx"
 PT2E_FILE = "model.int8-pt2e.pt2"
@@ -37,6 +46,48 @@ def _normalised(batches, pre: Preprocessing) -> Iterator[tuple[np.ndarray, np.nd
     """(uint8 images, labels) loader batches -> (normalised float32 numpy, int64 numpy)."""
     for x, y in batches:
         yield pre.normalize(x).numpy(), y.numpy()
+
+
+@dataclass
+class Variant:
+    """One row of the report before it is measured.
+
+    Args:
+        name: The row's label, e.g. `static INT8, calibrated on 16 training batches`.
+        key: A short name for W&B, e.g. `int8_static`.
+        runtime: What runs it (float32 batch in, logits out).
+        size_mb: Size on disk of what a deployment ships.
+        artifact: That file (or the checkpoint, for eager).
+        runs_on: How it runs, e.g. `ONNX Runtime` or `torch.compile (freezing)`.
+    """
+
+    name: str
+    key: str
+    runtime: Runtime
+    size_mb: float
+    artifact: str
+    runs_on: str
+
+
+def eager_variant(net: nn.Module, ckpt_path: str | Path) -> Variant:
+    """FP32 in PyTorch eager; its size is that of its saved weights (the checkpoint also holds optimizer state)."""
+    buffer = io.BytesIO()
+    torch.save(net.state_dict(), buffer)
+    return Variant(
+        "FP32 eager", "fp32_eager", TorchRuntime(net), buffer.tell() / 2**20, str(ckpt_path), "PyTorch eager"
+    )
+
+
+def onnx_variant(name: str, key: str, path: Path, threads: int | None) -> Variant:
+    return Variant(name, key, OnnxRuntime(path, threads), file_size_mb(path), path.name, "ONNX Runtime")
+
+
+def int8_variant(
+    name: str, key: str, path: Path, input_shape: tuple[int, ...], threads: int | None, compile: bool = True
+) -> Variant:
+    """An INT8 `.pt2` program (PT2E static or QAT) or `.onnx` model; `.pt2` under torch.compile if it can."""
+    runtime, runs_on = load_int8_runtime(path, input_shape, threads, compile=compile)
+    return Variant(name, key, runtime, file_size_mb(path), str(path), runs_on)
 
 
 def quantize(
@@ -140,9 +191,9 @@ def quantize(
             reduce_range=reduce_range,
         )
         if pt2e_static:
-            quantize_pt2e_static(
-                trained.net, calibration, pre.input_shape, staging / PT2E_FILE, pre.to_dict()
-            )
+            example = torch.zeros(2, *pre.input_shape)
+            int8 = quantize_static(trained.net, (torch.from_numpy(b) for b in calibration), example)
+            save_int8(int8, staging / PT2E_FILE, example, pre.to_dict())
 
     variants = [
         eager_variant(trained.net, trained.ckpt_path),

@@ -1,13 +1,25 @@
-"""The quantization report: one row per variant, written as Markdown and JSON and logged to W&B."""
+"""The quantization report: each variant's accuracy and speed measured side by side, one row per variant,
+written as Markdown and JSON and logged to W&B.
+
+Speed is measured interleaved: each repeat runs every variant once, in turn, so a burst of load from another
+process on a shared CPU slows all variants alike instead of whichever ran at that moment. Each figure is the
+median of the repeats, after warm-up runs (first-call allocations, kernel selection).
+"""
 
 import json
 import os
 import platform
+import time
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from project.export.files import write_text_atomic
+import numpy as np
+
+from project.data.datamodule import available_cpus
+from project.export.runtimes import Runtime
+from project.io import atomic_write_text
 
 COLUMNS = [
     "variant",
@@ -36,6 +48,65 @@ class VariantResult:
     runtime: str = ""
 
 
+def time_interleaved(
+    runtimes: Mapping[str, Runtime], x: np.ndarray, warmup: int = 3, repeats: int = 20
+) -> dict[str, float]:
+    """Median seconds per call of each runtime on input `x`."""
+    for _ in range(warmup):
+        for run in runtimes.values():
+            run(x)
+    times: dict[str, list[float]] = {name: [] for name in runtimes}
+    for _ in range(repeats):
+        for name, run in runtimes.items():
+            start = time.perf_counter()
+            run(x)
+            times[name].append(time.perf_counter() - start)
+    return {name: float(np.median(t)) for name, t in times.items()}
+
+
+def speed(
+    runtimes: Mapping[str, Runtime],
+    sample: np.ndarray,
+    batch_size: int = 64,
+    warmup: int = 3,
+    repeats: int = 20,
+) -> dict[str, dict[str, float]]:
+    """Latency at batch 1 (ms, median) and throughput at `batch_size` (images/s, from the median batch time).
+
+    `sample` is a real normalised batch; it is tiled up to `batch_size` if smaller.
+    """
+    reps = -(-batch_size // len(sample))
+    batch = np.ascontiguousarray(np.concatenate([sample] * reps)[:batch_size])
+    single = np.ascontiguousarray(sample[:1])
+    latency = time_interleaved(runtimes, single, warmup, repeats)
+    batch_time = time_interleaved(runtimes, batch, warmup, max(3, repeats // 2))
+    return {
+        name: {"latency_ms": 1000 * latency[name], "throughput": batch_size / batch_time[name]}
+        for name in runtimes
+    }
+
+
+def accuracy(
+    runtimes: Mapping[str, Runtime], batches: Iterable[tuple[np.ndarray, np.ndarray]], reference: str
+) -> tuple[dict[str, dict[str, float]], int]:
+    """Top-1 accuracy of each runtime on labelled batches, its top-1 agreement with `reference`, and the
+    number of samples."""
+    correct = dict.fromkeys(runtimes, 0)
+    agree = dict.fromkeys(runtimes, 0)
+    total = 0
+    for x, y in batches:
+        preds = {name: run(x).argmax(axis=1) for name, run in runtimes.items()}
+        for name, pred in preds.items():
+            correct[name] += int((pred == y).sum())
+            agree[name] += int((pred == preds[reference]).sum())
+        total += len(y)
+    if total == 0:
+        raise ValueError("no evaluation samples")
+    return {
+        name: {"accuracy": correct[name] / total, "agreement": agree[name] / total} for name in runtimes
+    }, total
+
+
 def machine() -> dict[str, Any]:
     """The CPU and library versions the figures were measured with."""
     import onnxruntime
@@ -49,7 +120,7 @@ def machine() -> dict[str, Any]:
                 break
     except OSError:
         pass
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    cpus = available_cpus()
     return {
         "cpu": cpu,
         "cpus": cpus,
@@ -123,8 +194,8 @@ def write_report(
             for r in results
         ],
     }
-    write_text_atomic(js, json.dumps(payload, indent=2) + "\n")
-    write_text_atomic(md, markdown(results, info))
+    atomic_write_text(js, json.dumps(payload, indent=2) + "\n")
+    atomic_write_text(md, markdown(results, info))
     return md, js
 
 

@@ -1,7 +1,8 @@
 """One calling convention for every way to run a model: float32 (B, C, H, W) numpy in, logits out.
 
 The quantization report, `predict_onnx` and `serve` compare or swap eager PyTorch, ONNX Runtime and
-INT8 models; wrapping each in a `Runtime` keeps those comparisons to one loop.
+INT8 models; wrapping each in a `Runtime` keeps those comparisons to one loop. INT8 `torch.export` programs
+(the QAT callback's `model_int8.pt2`, or `quantize --pt2e_static true`'s) run here under the same convention.
 """
 
 from dataclasses import dataclass, field
@@ -12,7 +13,23 @@ import numpy as np
 import torch
 from torch import nn
 
-from project.export.onnx_export import INPUT_NAME, OUTPUT_NAME, ort_session
+from project.errors import UserError
+
+INPUT_NAME, OUTPUT_NAME = "input", "logits"
+#: `model_int8.pt2` is the default name used by `project.compression.qat.QuantizationAwareTraining`.
+QAT_PATTERNS = ("*qat*.pt2", "*qat*.onnx", "*int8*.pt2")
+
+
+def ort_session(path: str | Path, threads: int | None = None):
+    """An ONNX Runtime CPU session with all graph optimisations and `threads` intra-op threads."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    if threads:
+        options.intra_op_num_threads = threads
+    options.log_severity_level = 3  # errors only: ORT's warnings about unused initializers are noise here
+    return ort.InferenceSession(str(path), sess_options=options, providers=["CPUExecutionProvider"])
 
 
 class Runtime(Protocol):
@@ -67,3 +84,37 @@ def softmax_top1(logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     probs = softmax(logits)
     index = probs.argmax(axis=1)
     return index, probs[np.arange(len(index)), index]
+
+
+def find_qat_artifact(ckpt_path: str | Path) -> Path | None:
+    """The newest QAT INT8 artifact in the checkpoint's folder, or None."""
+    folder = Path(ckpt_path).parent
+    found = {p for pattern in QAT_PATTERNS for p in folder.glob(pattern) if p.is_file()}
+    return max(found, key=lambda p: p.stat().st_mtime) if found else None
+
+
+def load_int8_runtime(
+    path: str | Path, input_shape: tuple[int, ...], threads: int | None = None, compile: bool = True
+) -> tuple[Runtime, str]:
+    """(runtime, how it runs) for a `.onnx` (ONNX Runtime) or `.pt2` INT8 model.
+
+    A PT2E INT8 program runs its quantize/dequantize pairs around float kernels unless `torch.compile`
+    with freezing lowers them to INT8 kernels: `compile` measures that deployed form.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"INT8 model {path} does not exist")
+    if path.suffix == ".onnx":
+        return OnnxRuntime(path, threads), "ONNX Runtime"
+    if path.suffix == ".pt2":
+        from project.compression.int8_program import compiled_or_eager, load_int8
+
+        module, _ = load_int8(path)
+        if not compile:
+            return TorchRuntime(module, set_eval=False), "torch.export program, uncompiled"
+        module, failure = compiled_or_eager(module, input_shape)
+        how = (
+            "torch.compile (freezing)" if failure is None else f"uncompiled: torch.compile failed ({failure})"
+        )
+        return TorchRuntime(module, set_eval=False), how
+    raise UserError(f"INT8 model {path}: expected a .pt2 (torch.export) or .onnx file")

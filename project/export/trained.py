@@ -1,12 +1,16 @@
 """Rebuild a trained network from the `--config` files `fit` used and a checkpoint, for the tool commands.
 
 Only the pieces a tool needs are instantiated: the network (and, for tools that read data, the DataModule),
-never the trainer or its loggers. The config is parsed by the same `ProjectCLI` parser as `fit`, so short
-class names, stacked `--config` files and `--model.*` / `--data.*` overrides mean the same thing here.
+never the trainer or its loggers. The config is parsed by `fit`'s own parser (`project.cli.parse_fit_config`),
+so short class names, stacked `--config` files and `--model.*` / `--data.*` overrides mean the same thing here.
 Weights and preprocessing facts come from the checkpoint, loaded with `weights_only=True`.
+
+Each tool is a typed Python function; `parse_tool_args` documents every parameter in its `--help` from the
+function's signature and docstring, and forwards `--model.*` / `--data.*` flags to the config parser.
 """
 
-import warnings
+import inspect
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,9 +19,9 @@ from jsonargparse import ArgumentParser, Namespace
 from torch import nn
 
 from project.data import ImageDataModule
-from project.errors import UserError
+from project.errors import UserError, find_user_error
 from project.export.preprocessing import Preprocessing
-from project.loading import load_checkpoint, load_weights
+from project.run.checkpoints import load_checkpoint, load_weights
 
 #: Prefixes of command-line overrides forwarded to the `fit` config parser (e.g. --model.net.init_args.depth 34).
 CONFIG_PREFIXES = ("--model.", "--data.", "--data=", "--model=", "--seed_everything")
@@ -57,40 +61,12 @@ def default_config(ckpt_path: str | Path) -> Path | None:
 
 def parse_config(configs: list[str], overrides: list[str] | None = None) -> Namespace:
     """Parse `--config` files (+ overrides) with the `fit` parser, instantiating nothing."""
-    from project.cli import ProjectCLI  # imported here: it pulls in the whole LightningCLI stack
-
-    class _ParseOnly(ProjectCLI):
-        # Parsed as `fit` (so a run's saved config.yaml, which has fit's keys, is accepted); the tools
-        # instantiate only the pieces they need, and nothing runs or touches the run's folders.
-        def before_instantiate_classes(self) -> None:
-            pass
-
-        def instantiate_classes(self) -> None:
-            pass
-
-        def _run_subcommand(self, subcommand: str) -> None:
-            pass
+    from project.cli import parse_fit_config  # imported here: it pulls in the whole LightningCLI stack
 
     for path in configs:
         if not Path(path).is_file():
             raise UserError(f"config file {path} does not exist")
-    args = ["fit"] + [a for path in configs for a in ("--config", str(path))] + list(overrides or [])
-    # Nothing random is drawn here ("Seed set" would be noise), and a resumed run's saved ckpt_path is not ours.
-    args += ["--seed_everything", "false", "--ckpt_path", "null"]
-    with warnings.catch_warnings():
-        # A tool is run as `python -m project <tool> ...`: sys.argv is the tool's, not this parser's.
-        warnings.filterwarnings("ignore", message="LightningCLI's args parameter is intended")
-        return _ParseOnly(args=args).config.fit
-
-
-def _unwrap_user_error(exc: BaseException) -> BaseException:
-    """jsonargparse wraps errors raised in a class's __init__; surface our UserError if there is one."""
-    seen: BaseException | None = exc
-    while seen is not None:
-        if isinstance(seen, UserError):
-            return seen
-        seen = seen.__cause__ or seen.__context__
-    return exc
+    return parse_fit_config(configs, overrides)
 
 
 def _instantiate(key: str, base: type, config: Namespace) -> Any:
@@ -98,8 +74,8 @@ def _instantiate(key: str, base: type, config: Namespace) -> Any:
     parser.add_subclass_arguments(base, key, required=True)
     try:
         return getattr(parser.instantiate_classes(parser.parse_object({key: config})), key)
-    except Exception as e:
-        raise _unwrap_user_error(e) from None
+    except Exception as e:  # jsonargparse wraps errors raised in a class's __init__
+        raise (find_user_error(e) or e) from None
 
 
 def build_net(config: Namespace, num_classes: int) -> nn.Module:
@@ -166,3 +142,39 @@ def load_trained(
     weights = {k.removeprefix("net."): v for k, v in checkpoint["state_dict"].items() if k.startswith("net.")}
     load_weights(net, weights, source=f"checkpoint {ckpt_path}")
     return TrainedModel(net=net.eval(), preprocessing=preprocessing, config=config, ckpt_path=ckpt_path)
+
+
+CONFIG_HELP = (
+    "Config file(s) the model was trained with, as for `fit`; repeatable, later files win. Default: the "
+    "config.yaml the training run saved beside its checkpoints/ folder."
+)
+OVERRIDES_EPILOG = (
+    "Any --model.* or --data.* flag is passed to the `fit` config parser, as in "
+    "`python -m project fit` (e.g. --data.init_args.data_dir path/to/cifar)."
+)
+
+
+def parse_tool_args(
+    function: Callable[..., Any], args: list[str], prog: str, takes_config: bool = True
+) -> dict[str, Any]:
+    """Parse `args` for `function` (typed parameters with docstrings) into its keyword arguments.
+
+    With `takes_config`, `function` takes `config: list[str]` and `overrides: list[str]` too: the
+    repeated `--config` files and the forwarded `--model.*` / `--data.*` flags. A bad argument prints
+    the usage and exits with status 2, like any command-line parser.
+    """
+    own, overrides = split_config_overrides(args) if takes_config else (list(args), [])
+    doc = inspect.getdoc(function) or ""
+    parser = ArgumentParser(
+        prog=prog,
+        description=doc.split("\n\nArgs:")[0],
+        epilog=OVERRIDES_EPILOG if takes_config else None,
+    )
+    skip = {"config", "overrides"} if takes_config else set()
+    if takes_config:
+        parser.add_argument("--config", action="append", default=[], help=CONFIG_HELP)
+    parser.add_function_arguments(function, as_group=False, skip=skip)
+    parsed = parser.parse_args(own).as_dict()
+    if takes_config:
+        parsed["overrides"] = overrides
+    return parsed

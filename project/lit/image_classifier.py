@@ -1,6 +1,5 @@
 """`ImageClassifier`: cross-entropy training of any image network, with per-stage torchmetrics."""
 
-import inspect
 from typing import Any, Literal
 
 import lightning as L
@@ -14,7 +13,7 @@ from torchmetrics.classification import MulticlassAccuracy
 
 from project.distributed.sharding import shard_network
 from project.errors import UserError
-from project.lit.checks import check_optimizer
+from project.lit.factories import check_optimizer, leaves_unset
 
 
 class ImageClassifier(L.LightningModule):
@@ -208,12 +207,15 @@ class ImageClassifier(L.LightningModule):
 
     def configure_optimizers(self) -> Any:
         # Parameters come from trainer.model: under FSDP that is the sharded module the optimizer must see.
-        model = self.trainer.model if self._trainer is not None else self
+        try:
+            model = self.trainer.model
+        except RuntimeError:  # not attached to a Trainer (a test building the optimizer directly)
+            model = self
         optimizer = self.optimizer(self._param_groups(model))
         if self.scheduler is None:
             return optimizer
         kwargs, interval = {}, self.hparams.scheduler_interval
-        if _leaves_unset(self.scheduler, "total_steps"):
+        if leaves_unset(self.scheduler, "total_steps"):
             # OneCycleLR divides by zero below ~1/pct_start steps; runs that short (debug runs) are padded.
             kwargs["total_steps"] = max(int(self.trainer.estimated_stepping_batches), 100)
             interval = interval or "step"
@@ -242,14 +244,3 @@ class ImageClassifier(L.LightningModule):
 
 
 _NORM_LAYERS = (nn.modules.batchnorm._NormBase, nn.GroupNorm, nn.LayerNorm, nn.RMSNorm)
-
-
-def _leaves_unset(factory: Any, name: str) -> bool:
-    """True if the scheduler factory's class takes argument `name` and the config left it as None."""
-    # jsonargparse gives partial(call_without_instantiate_context, instantiator, cls, **init_args);
-    # a hand-written functools.partial(cls, ...) works too.
-    keywords = getattr(factory, "keywords", {})
-    candidates = [getattr(factory, "func", None), *getattr(factory, "args", ())]
-    target = next((a for a in candidates if inspect.isclass(a)), None)
-    takes_it = target is not None and name in inspect.signature(target).parameters
-    return takes_it and keywords.get(name) is None

@@ -6,7 +6,7 @@ import signal
 
 from project.errors import UserError
 from project.export.preprocessing import read_metadata
-from project.export.tool_args import parse_tool_args
+from project.export.trained import parse_tool_args
 from project.serve.api import ClassifierAPI
 
 

@@ -1,0 +1,1 @@
+"""Tuning before training: the learning-rate range test and the batch-size finder (configs/tuning/)."""

@@ -1,0 +1,199 @@
+"""`ImageDataModule`: loader settings and on-device augmentation shared by every image DataModule."""
+
+import os
+from typing import Any
+
+import lightning as L
+import torch
+from torch import Tensor
+from torch.utils.data import DataLoader, Dataset
+
+from project.data.augment import cutout, normalize, random_crop, random_flip
+from project.data.tensor_dataset import TensorImageDataset, keep_as_is
+from project.errors import UserError
+
+
+def available_cpus() -> int:
+    """CPUs this process may run on (respects taskset/cgroups, unlike os.cpu_count)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+class ImageDataModule(L.LightningDataModule):
+    """Base class: subclasses fill `train_set`, `val_set`, `test_set`, `predict_set` in `setup`.
+
+    Batches leave the DataLoader as `(uint8 images (B, C, H, W), int64 targets)`. After they reach the
+    device, `on_after_batch_transfer` augments training batches (random crop with padding, horizontal
+    flip, optional Cutout: independent per image) and normalises every batch, on the GPU when there is
+    one. Prediction batches carry each sample's index instead of a label.
+
+    Args:
+        batch_size: Samples per batch, per device (ignored when `global_batch_size` is set).
+        global_batch_size: Samples per optimizer step over all devices, nodes and accumulated batches. When
+            set, the per-device batch size is derived from it: global / (devices x nodes x
+            accumulate_grad_batches), so the same recipe optimises identically on 1 GPU or 64. A size that
+            does not divide is an error.
+        prepare_data_per_node: Download (prepare_data) on the first process of every node, for nodes that
+            do not share a filesystem. Default: only on global rank 0, while the others wait (a shared
+            filesystem, the usual cluster setup: concurrent downloads into one folder would corrupt it).
+        num_workers: DataLoader worker processes. Default: 0 when batches are gathered from an in-memory
+            tensor (nothing to parallelise), else one per available CPU (at most 8).
+        pin_memory: Page-locked host memory for faster host-to-GPU copies. Default: only with CUDA.
+        persistent_workers: Keep workers alive between epochs (saves their start-up every epoch).
+        prefetch_factor: Batches each worker loads ahead.
+        crop_padding: Zero padding for the random crop (4 for 32x32 CIFAR); 0 disables the crop.
+        flip: Random horizontal flips during training.
+        cutout: Side of the square zeroed per training image (Cutout); 0 disables it.
+        seed: Seed of the train/validation split (fixed, so the split is the same in every run).
+        on_device: Move in-memory datasets (CIFAR, cached folders) to the training device once, so batches are
+            gathered there and an epoch never touches the host (the fastest CIFAR trainers do this). Needs the
+            dataset to fit in device memory (CIFAR-10 train: 150 MB as uint8).
+    """
+
+    #: Per-channel mean and std in [0, 1] units; set by subclasses.
+    mean: tuple[float, ...] = (0.5, 0.5, 0.5)
+    std: tuple[float, ...] = (0.5, 0.5, 0.5)
+
+    def __init__(
+        self,
+        batch_size: int = 128,
+        global_batch_size: int | None = None,
+        prepare_data_per_node: bool = False,
+        num_workers: int | None = None,
+        pin_memory: bool | None = None,
+        persistent_workers: bool = True,
+        prefetch_factor: int = 2,
+        crop_padding: int = 4,
+        flip: bool = True,
+        cutout: int = 0,
+        seed: int = 0,
+        on_device: bool = False,
+    ) -> None:
+        super().__init__()
+        if batch_size < 1:
+            raise UserError(f"data.batch_size must be at least 1, got {batch_size}")
+        if num_workers is not None and num_workers < 0:
+            raise UserError(f"data.num_workers must be >= 0, got {num_workers}")
+        if crop_padding < 0 or cutout < 0:
+            raise UserError(
+                f"data.crop_padding and data.cutout must be >= 0, got {crop_padding} and {cutout}"
+            )
+        if global_batch_size is not None and global_batch_size < 1:
+            raise UserError(f"data.global_batch_size must be at least 1, got {global_batch_size}")
+        self.batch_size = batch_size
+        self.global_batch_size = global_batch_size
+        self.prepare_data_per_node = prepare_data_per_node
+        self.num_workers = num_workers
+        self.pin_memory = torch.cuda.is_available() if pin_memory is None else pin_memory
+        self.persistent_workers = persistent_workers
+        self.prefetch_factor = prefetch_factor
+        self.crop_padding = crop_padding
+        self.flip = flip
+        self.cutout = cutout
+        self.seed = seed
+        self.on_device = on_device
+        self.train_set: Dataset | None = None
+        self.val_set: Dataset | None = None
+        self.test_set: Dataset | None = None
+        self.predict_set: Dataset | None = None
+        #: One display name per prediction input (file path or split index), set in setup("predict").
+        self.predict_names: list[str] = []
+        self._norm_cache: dict[tuple, tuple[Tensor, Tensor]] = {}
+
+    # -- what the model needs to know (linked by the CLI at instantiation) ---------------------------------
+    @property
+    def class_names(self) -> list[str]:
+        raise NotImplementedError
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.class_names)
+
+    @property
+    def input_shape(self) -> tuple[int, int, int]:
+        raise NotImplementedError
+
+    # -- loaders --------------------------------------------------------------------------------------------
+    def resolve_batch_size(self, world_size: int, accumulate_grad_batches: int = 1) -> int:
+        """Sets and returns the per-device `batch_size`, derived from `global_batch_size` when that is set."""
+        if self.global_batch_size is None:
+            return self.batch_size
+        parts = world_size * accumulate_grad_batches
+        if self.global_batch_size % parts:
+            raise UserError(
+                f"data.global_batch_size={self.global_batch_size} does not divide into {world_size} process(es) x "
+                f"{accumulate_grad_batches} accumulated batch(es) = {parts} equal per-device batches; choose a "
+                f"multiple of {parts}, or set the per-device data.batch_size instead"
+            )
+        self.batch_size = self.global_batch_size // parts
+        return self.batch_size
+
+    def _loader(self, dataset: Dataset | None, split: str, train: bool = False) -> DataLoader:
+        if dataset is None:
+            raise RuntimeError(f"{type(self).__name__}: the {split} split is not set up; call setup() first")
+        if self.trainer is not None:
+            self.resolve_batch_size(self.trainer.world_size, self.trainer.accumulate_grad_batches)
+        in_memory = isinstance(dataset, TensorImageDataset) and dataset.sample_transform is None
+        if in_memory and self.on_device and self.trainer is not None:
+            dataset.to(self.trainer.strategy.root_device)
+        workers = self.num_workers
+        if workers is None:
+            workers = 0 if in_memory else min(8, available_cpus())
+        batched = isinstance(dataset, TensorImageDataset)
+        return DataLoader(
+            dataset,
+            batch_size=self.batch_size,
+            shuffle=train,
+            # Full batches only (stable BatchNorm statistics, no recompiles), unless the split is smaller.
+            drop_last=train and len(dataset) >= self.batch_size,
+            num_workers=workers,
+            collate_fn=keep_as_is if batched else None,
+            pin_memory=self.pin_memory and not (in_memory and self.on_device),
+            persistent_workers=self.persistent_workers and workers > 0,
+            prefetch_factor=self.prefetch_factor if workers > 0 else None,
+        )
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader(self.train_set, "train", train=True)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader(self.val_set, "validation")
+
+    def test_dataloader(self) -> DataLoader:
+        return self._loader(self.test_set, "test")
+
+    def predict_dataloader(self) -> DataLoader:
+        return self._loader(self.predict_set, "predict")
+
+    # -- on-device augmentation and normalisation -----------------------------------------------------------
+    def transform_batch(self, batch: tuple[Tensor, Tensor], train: bool) -> tuple[Tensor, Tensor]:
+        """Augment (if `train`) and normalise a uint8 batch on whatever device it is on."""
+        x, y = batch
+        if train:
+            x = random_crop(x, self.crop_padding)
+            x = random_flip(x) if self.flip else x
+        key = (x.device, tuple(self.mean), tuple(self.std))
+        if key not in self._norm_cache:
+            self._norm_cache[key] = (
+                torch.tensor(self.mean, device=x.device),
+                torch.tensor(self.std, device=x.device),
+            )
+        x = normalize(x, *self._norm_cache[key])
+        if train:
+            x = cutout(x, self.cutout)
+        return x, y
+
+    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        if not isinstance(
+            batch, tuple | list
+        ):  # the model summary's example_input_array: already a float input
+            return batch
+        training = self.trainer is not None and self.trainer.training
+        return self.transform_batch(batch, train=training)
+
+    def state_dict(self) -> dict[str, Any]:
+        # Stored in checkpoints: evaluating or predicting from one normalises exactly as training did.
+        return {"mean": list(self.mean), "std": list(self.std), "class_names": list(self.class_names)}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if "mean" in state_dict:
+            self.mean, self.std = tuple(state_dict["mean"]), tuple(state_dict["std"])

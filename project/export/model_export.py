@@ -1,0 +1,243 @@
+"""`python -m project export`: a checkpoint to ONNX and/or TorchScript, verified, with its preprocessing JSON.
+
+ONNX goes through the dynamo exporter (`torch.export` based) with a dynamic batch axis and is checked with
+`onnx.checker` and against eager in ONNX Runtime. TorchScript is made with `torch.jit.script`, falling back to
+`torch.jit.trace` with a warning that says why; TorchScript is deprecated upstream (torch 2.14 warns on every
+`torch.jit.script` call) in favour of `torch.export` and ONNX, and is kept for C++ (libtorch) consumers. Its
+deprecation notice is silenced here because the user asked for the format explicitly.
+"""
+
+import json
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from torch import nn
+
+from project.errors import UserError
+from project.export.runtimes import INPUT_NAME, OUTPUT_NAME, ort_session
+from project.export.trained import TrainedModel, load_trained, parse_tool_args
+from project.io import staged_outputs
+
+#: ONNX opset written by default: 18 is the dynamo exporter's native opset and is run by every
+#: ONNX Runtime release since 1.14, including its quantization tools.
+DEFAULT_OPSET = 18
+#: Batch sizes of the random verification batches: 1 (serving) and one that is not the export's example (2).
+VERIFY_BATCH_SIZES = (1, 5)
+
+
+def export_onnx(
+    net: nn.Module, input_shape: tuple[int, int, int], path: str | Path, opset: int = DEFAULT_OPSET
+) -> None:
+    """Write `net` (eval mode) to `path` as one self-contained ONNX file with a dynamic batch axis.
+
+    Uses the dynamo exporter (`torch.export` based); if the network cannot be captured by it, falls
+    back to the TorchScript-based exporter with a warning that says why.
+    """
+    example = torch.randn(2, *input_shape)
+    common = {"input_names": [INPUT_NAME], "output_names": [OUTPUT_NAME], "opset_version": opset}
+    try:
+        torch.onnx.export(
+            net,
+            (example,),
+            str(path),
+            dynamo=True,
+            external_data=False,  # one file: weights inline (models up to 2 GB)
+            dynamic_shapes=({0: torch.export.Dim("batch", min=1, max=1 << 16)},),
+            verbose=False,
+            **common,
+        )
+    except Exception as e:  # torch.export could not capture the network (e.g. data-dependent control flow)
+        warnings.warn(
+            f"the dynamo ONNX exporter failed ({type(e).__name__}: {str(e).strip().splitlines()[0][:300]}); "
+            "falling back to the TorchScript-based exporter",
+            stacklevel=2,
+        )
+        torch.onnx.export(
+            net,
+            (example,),
+            str(path),
+            dynamo=False,
+            dynamic_axes={INPUT_NAME: {0: "batch"}, OUTPUT_NAME: {0: "batch"}},
+            **common,
+        )
+
+
+def verify_onnx(
+    net: nn.Module, path: str | Path, input_shape: tuple[int, int, int], atol: float = 1e-4
+) -> float:
+    """Check the file with `onnx.checker`, then compare ONNX Runtime with eager (see `compare_with_eager`)."""
+    import onnx
+
+    try:
+        onnx.checker.check_model(str(path), full_check=True)
+    except onnx.checker.ValidationError as e:
+        raise UserError(f"the exported ONNX model fails onnx.checker: {e}") from None
+    session = ort_session(path)
+
+    def run(x: torch.Tensor) -> torch.Tensor:
+        return torch.from_numpy(session.run([OUTPUT_NAME], {INPUT_NAME: x.numpy()})[0])
+
+    return compare_with_eager(net, run, input_shape, "ONNX Runtime", atol, label="onnxruntime")
+
+
+def compare_with_eager(
+    net: nn.Module,
+    run: Callable[[torch.Tensor], torch.Tensor],
+    input_shape: tuple[int, int, int],
+    name: str,
+    atol: float,
+    label: str = "exported",
+    seed: int = 0,
+) -> float:
+    """The largest absolute difference between `run` and the eager network on random batches of
+    VERIFY_BATCH_SIZES images; a UserError (nothing gets written) above `atol`, a wrong shape, or NaN."""
+    generator = torch.Generator().manual_seed(seed)
+    worst = 0.0
+    for batch_size in VERIFY_BATCH_SIZES:
+        x = torch.randn(batch_size, *input_shape, generator=generator)
+        with torch.inference_mode():
+            expected, got = net(x).float(), run(x).float()
+        if got.shape != expected.shape:
+            raise UserError(
+                f"{name} returned shape {tuple(got.shape)} for batch {batch_size}, eager {tuple(expected.shape)}"
+            )
+        diff = float((got - expected).abs().max())
+        print(f"{label}: batch {batch_size}: max |{label} - eager| = {diff:.3g}")
+        worst = max(worst, diff)
+    if not worst <= atol:  # also catches NaN
+        raise UserError(
+            f"{name} output differs from eager by up to {worst:.3g}, above the tolerance --atol {atol:g}; "
+            "nothing was written"
+        )
+    return worst
+
+
+def export_torchscript(net: nn.Module, input_shape: tuple[int, int, int], path: str | Path) -> str:
+    """Save `net` as TorchScript at `path`; returns the method used, `script` or `trace`."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r".*torch\.jit\.\w+` is deprecated", category=FutureWarning)
+        try:
+            module, method = torch.jit.script(net), "script"
+        except Exception as e:
+            reason = str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
+            warnings.warn(
+                f"torch.jit.script failed ({type(e).__name__}: {reason}); falling back to torch.jit.trace. "
+                "A trace records the operations run on one example input: data-dependent control flow "
+                "(Python `if`/`for` on tensor values) is frozen to the branch that example took.",
+                stacklevel=2,
+            )
+            with torch.no_grad():
+                module, method = torch.jit.trace(net, torch.randn(2, *input_shape)), "trace"
+        module.save(str(path))
+    return method
+
+
+def verify_torchscript(
+    net: nn.Module, path: str | Path, input_shape: tuple[int, int, int], atol: float = 1e-4
+) -> float:
+    """Reload the saved module and compare it with eager (see `compare_with_eager`)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=FutureWarning)
+        loaded = torch.jit.load(str(path), map_location="cpu")
+    return compare_with_eager(net, loaded, input_shape, "TorchScript", atol, label="torchscript")
+
+
+FILES = {"onnx": "model.onnx", "torchscript": "model.torchscript.pt"}
+
+
+def export_trained(
+    trained: TrainedModel,
+    output_dir: str | Path,
+    formats: tuple[str, ...] = ("onnx", "torchscript"),
+    opset: int = DEFAULT_OPSET,
+    atol: float = 1e-4,
+) -> dict[str, Any]:
+    """Write each format and `model.json` into `output_dir`, all or nothing; returns the JSON's content."""
+    net, pre = trained.net.eval(), trained.preprocessing
+    meta: dict[str, Any] = {
+        "preprocessing": pre.to_dict(),
+        "input": {
+            "name": INPUT_NAME,
+            "shape": ["batch", *pre.input_shape],
+            "dtype": "float32",
+            "layout": "NCHW, RGB",
+            "steps": (
+                "decode as RGB; resize the shorter side to input_shape[1] (bilinear); centre-crop to "
+                "input_shape[1] x input_shape[2]; scale to [0, 1]; subtract mean and divide by std per channel"
+            ),
+        },
+        "output": {
+            "name": OUTPUT_NAME,
+            "shape": ["batch", pre.num_classes],
+            "meaning": "logits; softmax gives probabilities",
+        },
+        "source": {
+            "checkpoint": str(trained.ckpt_path),
+            "network": type(net).__name__,
+            "torch": torch.__version__,
+        },
+        "files": {},
+    }
+    with staged_outputs(output_dir) as staging:
+        if "onnx" in formats:
+            export_onnx(net, pre.input_shape, staging / FILES["onnx"], opset=opset)
+            diff = verify_onnx(net, staging / FILES["onnx"], pre.input_shape, atol=atol)
+            meta["files"]["onnx"] = {"path": FILES["onnx"], "opset": opset, "max_abs_diff_vs_eager": diff}
+        if "torchscript" in formats:
+            method = export_torchscript(net, pre.input_shape, staging / FILES["torchscript"])
+            diff = verify_torchscript(net, staging / FILES["torchscript"], pre.input_shape, atol=atol)
+            meta["files"]["torchscript"] = {
+                "path": FILES["torchscript"],
+                "method": method,
+                "max_abs_diff_vs_eager": diff,
+            }
+        (staging / "model.json").write_text(json.dumps(meta, indent=2) + "\n")
+    return meta
+
+
+def export(
+    ckpt_path: str,
+    config: list[str] | None = None,
+    format: Literal["onnx", "torchscript", "all"] = "all",
+    output_dir: str = "export",
+    opset: int = DEFAULT_OPSET,
+    atol: float = 1e-4,
+    overrides: list[str] | None = None,
+) -> dict[str, Any]:
+    """Export a trained checkpoint to ONNX and/or TorchScript, verified against the eager model.
+
+    The ONNX file has a dynamic batch axis; right after writing it is checked with onnx.checker and run
+    in ONNX Runtime on random batches of two sizes against the eager network. TorchScript is made with
+    torch.jit.script, falling back to torch.jit.trace with a warning. model.json beside the models holds
+    the input size, mean/std and class names, so a consumer needs nothing else. Files are written to a
+    staging folder and moved into place only when every check passed: a failed export leaves no file.
+
+    Args:
+        ckpt_path: Checkpoint written by `python -m project fit`.
+        config: Config file(s) of the training run.
+        format: `onnx`, `torchscript` or `all`.
+        output_dir: Folder for model.onnx, model.torchscript.pt and model.json (created if missing).
+        opset: ONNX opset version to write.
+        atol: Largest accepted absolute difference between exported and eager logits; above it the
+            export fails and writes nothing.
+        overrides: --model.* / --data.* flags for the config parser.
+    """
+    trained = load_trained(ckpt_path, config, overrides)
+    formats = ("onnx", "torchscript") if format == "all" else (format,)
+    meta = export_trained(trained, output_dir, formats, opset=opset, atol=atol)
+    for fmt, info in meta["files"].items():
+        print(f"{fmt}: {Path(output_dir) / info['path']}")
+    print(f"preprocessing: {Path(output_dir) / 'model.json'}")
+    return meta
+
+
+def parse_args(args: list[str]) -> dict:
+    """The keyword arguments of `export` for a command line (checks it without running anything)."""
+    return parse_tool_args(export, args, prog="python -m project export")
+
+
+def main(args: list[str]) -> None:
+    export(**parse_args(args))

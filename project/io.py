@@ -1,0 +1,104 @@
+"""Atomic writes: whatever kills the process, a file is either its complete old version or its complete new one.
+
+Every writer of the template goes through here: checkpoints, exports, the image cache and its statistics,
+run info, predictions, INT8 programs. A file is written under a hidden temporary name in its own folder (same
+file system, so the rename is atomic), flushed to disk with fsync, renamed over the target, and the folder is
+fsync'ed so that the new name survives a power cut too. A failure (an exception, Ctrl-C, a full disk) removes
+the temporary file; a SIGKILL leaves at most a hidden `.NAME.<pid>.partial` beside the target, never a
+truncated target.
+"""
+
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+PARTIAL_SUFFIX = ".partial"
+
+
+def partial_path(path: str | os.PathLike) -> Path:
+    """The hidden temporary file this process writes `path` to before renaming it into place."""
+    path = Path(path)
+    return path.with_name(f".{path.name}.{os.getpid()}{PARTIAL_SUFFIX}")
+
+
+def fsync_folder(folder: str | os.PathLike) -> None:
+    """Make renames in `folder` durable (its entries live in the folder's own metadata)."""
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_file(path: Path) -> None:
+    with open(path, "rb+") as f:
+        os.fsync(f.fileno())
+
+
+@contextmanager
+def atomic_path(path: str | os.PathLike, keep_name: bool = False) -> Iterator[Path]:
+    """Yield a temporary path to write `path`'s new content to; on success it replaces `path` atomically.
+
+    With `keep_name`, the temporary file has `path`'s own name, inside a hidden temporary folder beside it
+    (for writers that record the file name inside the file, such as `torch.export.save`).
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    folder = (
+        Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=PARTIAL_SUFFIX, dir=path.parent))
+        if keep_name
+        else None
+    )
+    tmp = folder / path.name if folder else partial_path(path)
+    try:
+        yield tmp
+        _fsync_file(tmp)
+        os.replace(tmp, path)
+        fsync_folder(path.parent)
+    finally:
+        tmp.unlink(missing_ok=True)
+        if folder is not None:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+    """Write `text` to `path` atomically (see the module docstring)."""
+    with atomic_path(path) as tmp:
+        tmp.write_text(text)
+
+
+@contextmanager
+def staged_outputs(output_dir: str | os.PathLike, last: tuple[str, ...] = (".json",)) -> Iterator[Path]:
+    """Yield a hidden staging folder inside `output_dir`; its files move into `output_dir` only on success.
+
+    Files are written and verified in the staging folder, fsync'ed, then renamed into place. Files whose
+    names end with one of `last` move last, so a metadata JSON never names a model that is not there yet. On
+    any exception nothing is moved, the staging folder is deleted, and an `output_dir` this call created is
+    removed again.
+    """
+    output_dir = Path(output_dir)
+    created = not output_dir.exists()
+    output_dir.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=output_dir))
+    try:
+        yield staging
+        files = sorted(staging.iterdir(), key=lambda p: (p.name.endswith(last), p.name))
+        for file in files:
+            _fsync_file(file)
+        for file in files:
+            os.replace(file, output_dir / file.name)
+        fsync_folder(output_dir)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        if created and not any(output_dir.iterdir()):
+            output_dir.rmdir()
+        raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def file_size_mb(path: str | os.PathLike) -> float:
+    return Path(path).stat().st_size / 2**20

@@ -1,0 +1,115 @@
+"""Every use of Lightning's private API in the template, in one place.
+
+Lightning's public API covers almost everything the template does. Where it does not, the private attribute,
+method or function is reached from here and nowhere else, and tests/test_lightning_private.py pins the
+behaviour each one is relied on for: a Lightning upgrade that changes one fails there, naming what changed,
+instead of somewhere deep inside a run.
+"""
+
+from collections.abc import Callable, Sequence
+from typing import Any, NoReturn
+
+import lightning as L
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.loggers import CSVLogger
+from lightning.pytorch.strategies import ModelParallelStrategy
+from lightning.pytorch.tuner.batch_size_scaling import _reset_dataloaders
+from lightning.pytorch.utilities.exceptions import _TunerExitException
+
+# -- ModelCheckpoint: refreshing last.ckpt outside its own schedule -----------------------------------------
+
+
+def skips_saving(callback: ModelCheckpoint, trainer: L.Trainer) -> bool:
+    """ModelCheckpoint's own test: fast_dev_run, sanity check, not fitting, or this step already saved."""
+    return callback._should_skip_saving_checkpoint(trainer)
+
+
+def saves_on_train_epoch_end(callback: ModelCheckpoint, trainer: L.Trainer) -> bool:
+    """Whether the callback saves at the end of the training epoch (no validation follows it) or after validation."""
+    return callback._should_save_on_train_epoch_end(trainer)
+
+
+def save_last(callback: ModelCheckpoint, trainer: L.Trainer) -> None:
+    """Write `last.ckpt` now, with the metrics of this moment (its name may contain them)."""
+    callback._save_last_checkpoint(trainer, callback._monitor_candidates(trainer))
+
+
+def last_saved_step(callback: ModelCheckpoint) -> int:
+    """The global step of the callback's latest save (it skips a second save at the same step)."""
+    return callback._last_global_step_saved
+
+
+def set_last_saved_step(callback: ModelCheckpoint, step: int) -> None:
+    callback._last_global_step_saved = step
+
+
+# -- tuning -------------------------------------------------------------------------------------------------
+
+
+def end_fit_cleanly() -> NoReturn:
+    """End `fit` right here, cleanly (teardown, status FINISHED, no on_train_end): how Lightning's own Tuner
+    ends a tuning-only run."""
+    raise _TunerExitException()
+
+
+def reload_dataloaders(trainer: L.Trainer) -> None:
+    """Rebuild the running loop's DataLoaders (after the batch size changed)."""
+    _reset_dataloaders(trainer)
+
+
+# -- CSVLogger: continuing a run's metrics.csv ---------------------------------------------------------------
+
+
+def restore_csv_rows(logger: CSVLogger, keys: Sequence[str], rows: list[dict[str, Any]]) -> None:
+    """Put `rows` back into the logger's metrics.csv writer and write them; later rows are appended after them."""
+    writer = logger.experiment
+    writer.metrics_keys = sorted(keys)
+    writer.metrics = rows
+    writer.save()
+
+
+# -- ModelParallelStrategy -----------------------------------------------------------------------------------
+
+
+def set_data_parallel_size(strategy: ModelParallelStrategy, size: int) -> None:
+    """The data-parallel dimension of the device mesh, once the number of processes is known."""
+    strategy._data_parallel_size = size
+
+
+# -- LightningCLI ----------------------------------------------------------------------------------------------
+
+
+class LightningCLIWithHooks(LightningCLI):
+    """LightningCLI with three more extension points, under public names; override those, not the private
+    methods behind them."""
+
+    def subcommand_defaults(self, subcommand: str, method_arguments: list[str]) -> dict[str, Any]:
+        """Defaults for a subcommand's own arguments (those of `Trainer.<subcommand>`, e.g. `weights_only`)."""
+        return {}
+
+    def configure_trainer(self, trainer_config: dict[str, Any], callbacks: list[Any]) -> list[Any]:
+        """Adjust the Trainer's arguments (in place) and return the callbacks of the configured callback keys,
+        just before the Trainer is built from both."""
+        return callbacks
+
+    def run_subcommand(self, subcommand: str, run: Callable[[], None]) -> None:
+        """Wraps running the subcommand (`before_<subcommand>`, `trainer.<subcommand>`, `after_<subcommand>`)."""
+        run()
+
+    def _prepare_subcommand_parser(
+        self, klass: type, subcommand: str, **kwargs: Any
+    ) -> LightningArgumentParser:
+        parser = super()._prepare_subcommand_parser(klass, subcommand, **kwargs)
+        defaults = self.subcommand_defaults(subcommand, list(self._subcommand_method_arguments[subcommand]))
+        if defaults:
+            parser.set_defaults(defaults)
+        return parser
+
+    def _instantiate_trainer(self, config: dict[str, Any], callbacks: list[Any]) -> L.Trainer:
+        return super()._instantiate_trainer(config, self.configure_trainer(config, callbacks))
+
+    def _run_subcommand(self, subcommand: str) -> None:
+        self.run_subcommand(
+            subcommand, lambda: super(LightningCLIWithHooks, self)._run_subcommand(subcommand)
+        )

@@ -1,0 +1,198 @@
+"""Pins every behaviour of Lightning's private API the template relies on (`project.run.lightning_private`).
+
+A Lightning upgrade that renames or changes one of them fails here, naming it, instead of somewhere deep in a
+run. Each test uses the real Lightning objects on a tiny model, in-process.
+"""
+
+import csv
+from pathlib import Path
+
+import lightning as L
+import pytest
+import torch
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from lightning.pytorch.loggers import CSVLogger
+from torch.utils.data import DataLoader, TensorDataset
+
+from project.run import lightning_private as private
+
+
+class Tiny(L.LightningModule):
+    def __init__(self, batch_size: int = 4) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(2, 1)
+        self.batch_size = batch_size
+
+    def training_step(self, batch, batch_idx):
+        loss = self.layer(batch[0]).pow(2).mean()
+        self.log("train_loss", loss)
+        return loss
+
+    def validation_step(self, batch, batch_idx):
+        self.log("val_loss", self.layer(batch[0]).pow(2).mean())
+
+    def train_dataloader(self):
+        return DataLoader(TensorDataset(torch.randn(16, 2)), batch_size=self.batch_size)
+
+    def val_dataloader(self):
+        return DataLoader(TensorDataset(torch.randn(8, 2)), batch_size=4)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def trainer(tmp_path: Path, callbacks: list, **kwargs) -> L.Trainer:
+    options = {"max_epochs": 1, "logger": False, "enable_progress_bar": False, "enable_model_summary": False}
+    return L.Trainer(default_root_dir=tmp_path, callbacks=callbacks, **{**options, **kwargs})
+
+
+class Probe(Callback):
+    """Records what the private checkpoint helpers answer at the end of each training batch."""
+
+    def __init__(self, checkpoint: ModelCheckpoint) -> None:
+        self.checkpoint, self.answers = checkpoint, []
+
+    def on_train_batch_end(self, trainer, pl_module, *args):
+        self.answers.append(
+            (
+                trainer.global_step,
+                private.skips_saving(self.checkpoint, trainer),
+                private.saves_on_train_epoch_end(self.checkpoint, trainer),
+            )
+        )
+        if trainer.global_step == 2 and not trainer.fast_dev_run:
+            private.save_last(self.checkpoint, trainer)  # writes last.ckpt at step 2, marks step 2 saved
+            assert private.last_saved_step(self.checkpoint) == 2
+            assert private.skips_saving(self.checkpoint, trainer)  # already saved at this step
+            private.set_last_saved_step(self.checkpoint, 0)
+            assert not private.skips_saving(self.checkpoint, trainer)
+
+
+def test_model_checkpoint_helpers(tmp_path):
+    checkpoint = ModelCheckpoint(dirpath=tmp_path / "ckpts", save_last=True, save_top_k=0)
+    probe = Probe(checkpoint)
+    trainer(tmp_path, [checkpoint, probe]).fit(Tiny())
+    # While fitting, after a new step, a save is allowed; validation runs at the end of every epoch, before the
+    # training epoch's end, so ModelCheckpoint saves at the training epoch's end.
+    assert [a[1:] for a in probe.answers if a[0] != 2] == [(False, True)] * 3
+
+    checkpoint = ModelCheckpoint(dirpath=tmp_path / "mid", save_last=True, save_top_k=0)
+    probe = Probe(checkpoint)
+    trainer(tmp_path, [checkpoint, probe], val_check_interval=2).fit(Tiny())
+    assert probe.answers[0][2] is False  # validation within the epoch: saved after each validation
+
+    checkpoint = ModelCheckpoint(dirpath=tmp_path / "fast", save_last=True)
+    probe = Probe(checkpoint)
+    trainer(tmp_path, [checkpoint, probe], fast_dev_run=2).fit(Tiny())
+    assert probe.answers[0][1] is True  # fast_dev_run never saves
+
+
+def test_save_last_names_last_ckpt_and_writes_the_current_state(tmp_path):
+    checkpoint = ModelCheckpoint(dirpath=tmp_path / "c", save_last=True, save_top_k=0)
+
+    class SaveAtStepOne(Callback):
+        def on_train_batch_end(self, trainer, pl_module, *args):
+            if trainer.global_step == 1:
+                private.save_last(checkpoint, trainer)
+                raise KeyboardInterrupt
+
+    with pytest.raises(SystemExit):  # Lightning turns KeyboardInterrupt into exit 1
+        trainer(tmp_path, [checkpoint, SaveAtStepOne()]).fit(Tiny())
+    assert checkpoint.last_model_path == str(tmp_path / "c" / "last.ckpt")
+    assert torch.load(checkpoint.last_model_path, weights_only=True)["global_step"] == 1
+
+
+def test_end_fit_cleanly_stops_before_training_without_on_train_end(tmp_path):
+    events = []
+
+    class TuneThenStop(Callback):
+        def on_fit_start(self, trainer, pl_module):
+            private.end_fit_cleanly()
+
+        def on_train_end(self, trainer, pl_module):
+            events.append("on_train_end")
+
+    t = trainer(tmp_path, [TuneThenStop()])
+    t.fit(Tiny())  # returns normally
+    assert t.global_step == 0 and t.state.finished and events == []
+
+
+def test_reload_dataloaders_picks_up_a_new_batch_size(tmp_path):
+    sizes = []
+
+    class Grow(Callback):
+        def on_train_start(self, trainer, pl_module):
+            pl_module.batch_size = 8
+            private.reload_dataloaders(trainer)
+
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            sizes.append(len(batch[0]))
+
+    trainer(tmp_path, [Grow()]).fit(Tiny(batch_size=4))
+    assert sizes == [8, 8]
+
+
+def test_restore_csv_rows_writes_them_back_and_appends_after_them(tmp_path):
+    logger = CSVLogger(tmp_path, name="run", version=0)
+    private.restore_csv_rows(logger, ["step", "a"], [{"step": "0", "a": "1.0"}, {"step": "1", "a": "2.0"}])
+    logger.log_metrics({"a": 3.0}, step=2)
+    logger.save()
+    with open(Path(logger.log_dir) / "metrics.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["step"], r["a"]) for r in rows] == [("0", "1.0"), ("1", "2.0"), ("2", "3.0")]
+
+
+def test_set_data_parallel_size_sizes_the_device_mesh(monkeypatch):
+    import lightning.pytorch.strategies.model_parallel as model_parallel
+    from lightning.pytorch.strategies import ParallelStrategy
+
+    from project.distributed import FSDP2Strategy
+
+    seen = {}
+    monkeypatch.setattr(ParallelStrategy, "setup_environment", lambda self: None)
+    monkeypatch.setattr(model_parallel.ModelParallelStrategy, "_setup_distributed", lambda self: None)
+    monkeypatch.setattr(model_parallel.ModelParallelStrategy, "world_size", property(lambda self: 8))
+    monkeypatch.setattr(model_parallel.ModelParallelStrategy, "root_device", property(lambda self: "cpu"))
+    monkeypatch.setattr(
+        model_parallel,
+        "_setup_device_mesh",
+        lambda dp, tp, world, device: seen.update(dp=dp, tp=tp) or "mesh",
+    )
+    strategy = FSDP2Strategy()
+    strategy._lightning_module = Tiny()
+    strategy.num_nodes, strategy.parallel_devices = 2, [torch.device("cpu")] * 4
+    strategy.setup_environment()
+    assert seen == {"dp": 8, "tp": 1}  # every process in one data-parallel group
+
+
+def test_cli_hooks_are_called(tmp_path, fake_cifar):
+    from project.cli import ProjectCLI
+    from tests.tiny_fit import tiny_args
+
+    calls = []
+
+    class Hooked(ProjectCLI):
+        def subcommand_defaults(self, subcommand, method_arguments):
+            calls.append(("defaults", subcommand, "ckpt_path" in method_arguments))
+            return super().subcommand_defaults(subcommand, method_arguments)
+
+        def configure_trainer(self, trainer_config, callbacks):
+            calls.append(("trainer", "max_steps" in trainer_config, len(callbacks) > 0))
+            return super().configure_trainer(trainer_config, callbacks)
+
+        def run_subcommand(self, subcommand, run):
+            calls.append(("run", subcommand))
+            super().run_subcommand(subcommand, run)
+
+    args = [
+        "fit",
+        "--config",
+        "configs/cifar10.yaml",
+        *tiny_args(fake_cifar, tmp_path),
+        "--trainer.max_steps",
+        "1",
+    ]
+    cli = Hooked(args=[str(a) for a in args])
+    assert cli.config.fit.weights_only is True  # the subcommand default reached the parsed config
+    assert calls == [("defaults", "fit", True), ("trainer", True, True), ("run", "fit")]
+    assert cli.trainer.global_step == 1
