@@ -29,6 +29,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 # Importing these makes their short class names (`class_path: SimpleCNN`) resolvable in configs.
 import project.callbacks  # noqa: F401
 import project.models  # noqa: F401
+from project import SUBCOMMANDS, TOOLS, USAGE, print_commands
 from project.callbacks import (
     BestAndLastCheckpoint,
     DataWaitMonitor,
@@ -44,6 +45,7 @@ from project.lit import ImageClassifier
 from project.run.lightning_private import LightningCLIWithHooks
 from project.run.reliable_run import ReliableRunMixin
 from project.run.run_folder import DEFAULT_ROOT_DIR
+from project.run.wandb_logger import finish_runs
 
 SEED = 42
 
@@ -65,8 +67,9 @@ TRAINER_DEFAULTS: dict[str, Any] = {
             "init_args": {"save_dir": DEFAULT_ROOT_DIR, "name": "runs"},
         },
         # Offline unless WANDB_MODE=online (or `offline: false` in a config): no account, no network needed.
+        # Lightning's WandbLogger, its run started in the background (off the path to the first step).
         {
-            "class_path": "lightning.pytorch.loggers.WandbLogger",
+            "class_path": "project.run.wandb_logger.WandbLogger",
             "init_args": {"save_dir": DEFAULT_ROOT_DIR, "project": "lightning-template", "offline": True},
         },
     ],
@@ -127,6 +130,7 @@ class ProjectCLI(ReliableRunMixin, LightningCLIWithHooks):
             save_config_callback=LoggerSaveConfigCallback,
             save_config_kwargs={"overwrite": True},
             auto_configure_optimizers=False,
+            parser_kwargs={"prog": USAGE, "description": "Training and evaluation of an image classifier."},
             args=args,
             run=run,
             **kwargs,
@@ -183,31 +187,6 @@ def parse_fit_config(configs: list[str], overrides: list[str] | None = None) -> 
         raise UserError(str(e).strip().splitlines()[0]) from None
 
 
-# Tool commands beside LightningCLI's fit/validate/test/predict: name -> ("module:function", summary). Each
-# function takes the remaining command-line arguments (list[str]) and parses them itself (jsonargparse).
-TOOLS: dict[str, tuple[str, str]] = {
-    "export": ("project.export.model_export:main", "export a checkpoint to ONNX and/or TorchScript"),
-    "quantize": ("project.export.quantize:main", "INT8 quantization report: accuracy, latency, size"),
-    "serve": ("project.serve.server:main", "HTTP prediction endpoint (LitServe)"),
-    "predict_onnx": ("project.export.predict_onnx:main", "batched inference from an exported ONNX model"),
-}
-
-
-def _print_tools() -> None:
-    print("\nTool commands (python -m project <tool> --help):")
-    for name, (_, summary) in TOOLS.items():
-        print(f"  {name:<10} {summary}")
-
-
-def _finish_wandb(exit_code: int) -> None:
-    """Close the W&B run before the process exits. Lightning's WandbLogger never calls `wandb.finish()` and
-    leaves it to wandb's exit hook, which on a loaded machine could end the process before wandb's service had
-    written the last rows and the run's exit record (a run directory missing its final epoch)."""
-    wandb = sys.modules.get("wandb")  # imported only if a WandbLogger was used
-    if wandb is not None and wandb.run is not None:
-        wandb.finish(exit_code=exit_code)
-
-
 def main(args: list[str] | None = None) -> None:
     """Entry point of `python -m project`."""
     argv = sys.argv[1:] if args is None else list(args)
@@ -216,17 +195,20 @@ def main(args: list[str] | None = None) -> None:
             module, function = TOOLS[argv[0]][0].split(":")
             getattr(importlib.import_module(module), function)(argv[1:])
             return
-        # args=None lets LightningCLI read sys.argv itself (passing both makes it warn).
         if not argv or argv[0] in ("-h", "--help"):
-            try:
-                ProjectCLI(args=args)
-            finally:
-                _print_tools()
+            print_commands()
             return
+        if not argv[0].startswith("-") and argv[0] not in SUBCOMMANDS:
+            print(
+                f"error: unknown command {argv[0]!r}; the commands are {', '.join([*SUBCOMMANDS, *TOOLS])}",
+                file=sys.stderr,
+            )
+            sys.exit(2)
+        # args=None lets LightningCLI read sys.argv itself (passing both makes it warn).
         ProjectCLI(args=args)
-        _finish_wandb(0)
+        finish_runs(0)
     except SIGTERMException:  # preemption: Lightning stopped after a batch; BestAndLastCheckpoint saved it
-        _finish_wandb(128 + signal.SIGTERM)
+        finish_runs(128 + signal.SIGTERM)
         print(
             "error: stopped by SIGTERM; resume with the same command plus --ckpt_path last", file=sys.stderr
         )
@@ -235,6 +217,6 @@ def main(args: list[str] | None = None) -> None:
         user_error = find_user_error(exc)
         if user_error is None:
             raise
-        _finish_wandb(1)
+        finish_runs(1)
         print(f"error: {user_error}", file=sys.stderr)
         sys.exit(1)

@@ -1,8 +1,14 @@
-"""The one exception type for bad user input (a missing folder, a corrupt image, a wrong value).
+"""The one exception type for bad user input (a missing folder, a corrupt image, a wrong value), and the one
+way to tell the user something they must see.
 
-The CLI prints it as a single `error: ...` line and exits non-zero, without a traceback: the message
-itself must name what is at fault (the file, key or value) and what to do about it.
+The CLI prints a UserError as a single `error: ...` line and exits non-zero, without a traceback: the message
+itself must name what is at fault (the file, key or value) and what to do about it. `warn` prints a
+`warning: ...` line through logging, so that it shows whatever the Python warning filters say
+(`PYTHONWARNINGS=ignore` is common in ML shells, and would hide a `warnings.warn`).
 """
+
+import logging
+import sys
 
 
 class UserError(Exception):
@@ -18,3 +24,28 @@ def find_user_error(exc: BaseException | None) -> UserError | None:
         seen.add(id(exc))
         exc = exc.__cause__ or exc.__context__
     return None
+
+
+class _StderrHandler(logging.StreamHandler):
+    """Writes to the current sys.stderr (looked up at each message, so redirections and test captures see it)."""
+
+    @property
+    def stream(self):  # type: ignore[override]
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: object) -> None:
+        pass
+
+
+_log = logging.getLogger("project")
+_log.addHandler(_StderrHandler())
+_log.handlers[-1].setFormatter(logging.Formatter("warning: %(message)s"))
+_log.propagate = False
+
+
+def warn(message: str) -> None:
+    """Tell the user something they must see, on stderr as `warning: ...`, once (global rank 0 only)."""
+    from lightning.pytorch.utilities.rank_zero import rank_zero_only  # the rank Lightning keeps up to date
+
+    rank_zero_only(_log.warning)(message)

@@ -100,5 +100,26 @@ def staged_outputs(output_dir: str | os.PathLike, last: tuple[str, ...] = (".jso
         shutil.rmtree(staging, ignore_errors=True)
 
 
+def check_writable(folder: str | os.PathLike, key: str, hint: str = "") -> None:
+    """A UserError naming the setting `key` unless `folder` can be created and written; leaves no trace.
+
+    Probes the folder, or its nearest existing parent when it does not exist yet, with a temporary file.
+    """
+    from project.errors import UserError
+
+    folder = Path(folder).absolute()
+    existing = next(p for p in (folder, *folder.parents) if p.exists())
+    try:
+        if not existing.is_dir():
+            raise NotADirectoryError(20, f"{existing} is a file")
+        with tempfile.TemporaryFile(dir=existing):
+            pass
+    except OSError as e:
+        raise UserError(
+            f"{key} {folder} is not a writable folder ({e.strerror or e}); choose another with --{key} PATH"
+            + (f", {hint}" if hint else "")
+        ) from None
+
+
 def file_size_mb(path: str | os.PathLike) -> float:
     return Path(path).stat().st_size / 2**20

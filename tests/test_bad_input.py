@@ -163,7 +163,7 @@ def test_tiny_and_unusual_mode_images_just_work(tmp_path):
     data.setup("fit")
     images = torch.from_numpy(np.asarray(data.train_set.images))
     assert images.shape[1:] == (3, 32, 32) and images.dtype == torch.uint8
-    gray16 = images[[i for i, f in enumerate(data.train_files) if f.name == "gray16.png"][0]].float()
+    gray16 = images[[i for i, f in enumerate(data.train_files) if Path(f).name == "gray16.png"][0]].float()
     # 16-bit values are scaled, not clipped to white: the mean stays near the source's, in 8-bit units.
     assert abs(gray16.mean().item() - gradient.mean() / 257) < 8 and gray16.std() > 20
     x, y = data.transform_batch(next(iter(data.train_dataloader())), train=True)

@@ -1,15 +1,18 @@
 """The CLI: every config parses and instantiates; links work; bad configs fail with one clear message."""
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
 
-from project.cli import ProjectCLI
+from project import TOOLS
+from project.cli import ProjectCLI, main, parse_fit_config
 from project.data import CIFARDataModule, ImageFolderDataModule
 from project.models import CIFARResNet, SimpleCNN
-from tests.conftest import CONFIGS, run_cli
+from tests.conftest import CONFIGS, ROOT, run_cli
 
 MAIN_CONFIGS = ["cifar10.yaml", "cifar100.yaml", "folder.yaml"]
 STACKABLE = sorted(str(p.relative_to(CONFIGS)) for p in CONFIGS.rglob("*.yaml") if p.name not in MAIN_CONFIGS)
@@ -149,3 +152,47 @@ def test_bad_config_exits_with_one_clear_message(args, message, tmp_path):
     assert proc.returncode != 0
     assert message in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_top_level_help_is_answered_without_lightning_and_lists_every_command():
+    """`python -m project --help` prints the command table without importing torch (seconds); its subcommands
+    are LightningCLI's, with the Trainer methods' own summaries, and its tools are the ones main() runs."""
+    import inspect
+
+    from lightning.pytorch import Trainer
+    from lightning.pytorch.cli import LightningCLI
+
+    from project import SUBCOMMANDS
+
+    code = "import sys, runpy; sys.argv = ['project', '--help']; runpy.run_module('project', run_name='__main__');"
+    code += "print('torch' in sys.modules)"
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60
+    ).stdout
+    assert out.splitlines()[-1] == "False" and out.startswith("usage: python -m project")
+    assert list(SUBCOMMANDS) == list(LightningCLI.subcommands())
+    for name, summary in SUBCOMMANDS.items():
+        assert inspect.getdoc(getattr(Trainer, name)).startswith(summary.rstrip(".")), name
+        assert f"  {name} " in out
+    assert all(f"  {tool} " in out for tool in TOOLS)
+
+
+def test_unknown_command_names_the_commands(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fitt"])
+    assert exit_info.value.code == 2
+    assert (
+        "error: unknown command 'fitt'; the commands are fit, validate, test, predict, export"
+        in capsys.readouterr().err
+    )
+
+
+def test_tools_parse_a_config_as_fit_does(tmp_path, image_folder):
+    """cli.parse_fit_config (what the tools use) reads the shipped configs into the same model and data
+    settings as `fit` itself."""
+    for name in ("cifar10.yaml", "cifar100.yaml", "folder.yaml"):
+        overrides = ["--data.root", str(image_folder)] if name == "folder.yaml" else []
+        parsed = parse_fit_config([str(CONFIGS / name)], overrides)
+        cli = ProjectCLI(args=["--config", str(CONFIGS / name), *overrides], run=False)
+        assert parsed.model.net == cli.config.model.net and parsed.data == cli.config.data, name
+        assert parsed.model.optimizer == cli.config.model.optimizer

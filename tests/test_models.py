@@ -57,3 +57,20 @@ def test_replace_head_fits_num_classes():
     net = torchvision.models.get_model("efficientnet_b0")  # 1000 classes, head inside a Sequential
     _replace_head(net, 5)
     assert net(torch.zeros(1, 3, 64, 64)).shape == (1, 5)
+
+
+def test_simple_cnn_is_the_seed_articles_network():
+    net = SimpleCNN(num_classes=10)
+    convs = [m for m in net.modules() if isinstance(m, nn.Conv2d)]
+    linears = [m for m in net.modules() if isinstance(m, nn.Linear)]
+    assert [(c.in_channels, c.out_channels, c.kernel_size, c.stride, c.padding) for c in convs] == [
+        (3, 32, (3, 3), (1, 1), (1, 1)),
+        (32, 64, (3, 3), (1, 1), (1, 1)),
+    ]
+    assert [(m.in_features, m.out_features) for m in linears] == [(4096, 256), (256, 10)]
+    assert sum(p.numel() for p in net.parameters()) == 1_070_794
+    # The 5x5 variant is a flag away, and keeps the output size.
+    wide = SimpleCNN(num_classes=10, kernel_size=5)
+    assert wide.features[0].kernel_size == (5, 5) and wide(torch.zeros(2, 3, 32, 32)).shape == (2, 10)
+    with pytest.raises(ValueError, match="kernel_size must be odd"):
+        SimpleCNN(kernel_size=4)

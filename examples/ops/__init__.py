@@ -4,6 +4,6 @@
 pattern (kernel op, fake kernel, autograd formula, opcheck/gradcheck tests) for your own kernels.
 """
 
-from project.ops.bias_gelu import BiasGELU, bias_gelu, bias_gelu_reference
+from examples.ops.bias_gelu import BiasGELU, bias_gelu, bias_gelu_reference
 
 __all__ = ["BiasGELU", "bias_gelu", "bias_gelu_reference"]

@@ -12,7 +12,14 @@ from torch.utils.data import DataLoader, Dataset
 
 from project.data.datamodule import ImageDataModule, available_cpus
 from project.data.image_cache import ImageCache, channel_mean_std, default_cache_dir, drop_bad
-from project.data.images import DecodeAll, ImageFileDataset, check_image, list_images, scan_class_folders
+from project.data.images import (
+    ClassFolders,
+    DecodeAll,
+    ImageFileDataset,
+    check_image,
+    list_images,
+    scan_class_folders,
+)
 from project.data.tensor_dataset import TensorImageDataset, keep_as_is
 from project.errors import UserError
 from project.io import atomic_write_text
@@ -74,7 +81,9 @@ class ImageFolderDataModule(ImageDataModule):
         self.predict_root = Path(predict_root).expanduser() if predict_root else None
         split_layout = (self.root / "train").is_dir()
         train_dir = self.root / "train" if split_layout else self.root
-        self.train_files, self.train_labels, self._classes = scan_class_folders(train_dir)
+        self._scans = {"train": scan_class_folders(train_dir)}
+        self.train_files, self.train_labels, self._classes = self._scans["train"][:3]
+        self._caches: dict[str, ImageCache] = {}
         val_dir, test_dir = self.root / "val", self.root / "test"
         self.val_dir = val_dir if split_layout and val_dir.is_dir() else None
         self.test_dir = test_dir if split_layout and test_dir.is_dir() else None
@@ -99,9 +108,26 @@ class ImageFolderDataModule(ImageDataModule):
     def _workers(self) -> int:
         return min(8, available_cpus()) if self.num_workers is None else self.num_workers
 
-    def _dataset(self, files: list[Path], labels: list[int], indices: list[int]) -> Dataset:
+    def _scan(self, split: str) -> ClassFolders:
+        if split not in self._scans:
+            self._scans[split] = scan_class_folders(self.root / split, self._classes)
+        return self._scans[split]
+
+    def _cache(self, split: str) -> ImageCache:
+        """The decoded images of a split's folder, loaded (or built) once per process."""
+        if split not in self._caches:
+            scan = self._scan(split)
+            self._caches[split] = ImageCache.load_or_build(
+                scan.files, self.image_size, self.cache_dir, self._workers(), scan.stamps
+            )
+        return self._caches[split]
+
+    def _dataset(self, split: str, indices: list[int] | None = None) -> Dataset:
+        """The images of the folder `split` (train, val, test), or the rows `indices` of it."""
+        files, labels = self._scan(split).files, self._scan(split).labels
+        indices = list(range(len(files))) if indices is None else indices
         if self.cache:
-            cached = ImageCache.load_or_build(files, self.image_size, self.cache_dir, self._workers())
+            cached = self._cache(split)
             keep = drop_bad(indices, cached.bad, files, self.skip_corrupt)
             return TensorImageDataset(cached.images, labels, keep)
         if self.skip_corrupt:
@@ -124,20 +150,14 @@ class ImageFolderDataModule(ImageDataModule):
 
     def setup(self, stage: str) -> None:
         if self.train_set is None:
-            all_idx = list(range(len(self.train_files)))
-            train_idx, val_idx = (all_idx, []) if self.val_dir else self._split()
-            self.train_set = self._dataset(self.train_files, self.train_labels, train_idx)
-            if self.val_dir:
-                files, labels, _ = scan_class_folders(self.val_dir, self._classes)
-                self.val_set = self._dataset(files, labels, list(range(len(files))))
-            else:
-                self.val_set = self._dataset(self.train_files, self.train_labels, val_idx)
+            train_idx, val_idx = (None, None) if self.val_dir else self._split()
+            self.train_set = self._dataset("train", train_idx)
+            self.val_set = self._dataset("val") if self.val_dir else self._dataset("train", val_idx)
             if not self._given_stats:
                 self.mean, self.std = self._train_stats()
         if stage == "test" and self.test_set is None:
             if self.test_dir:
-                files, labels, _ = scan_class_folders(self.test_dir, self._classes)
-                self.test_set = self._dataset(files, labels, list(range(len(files))))
+                self.test_set = self._dataset("test")
             else:
                 rank_zero_warn(f"No test folder {self.root / 'test'}: testing on the validation split.")
                 self.test_set = self.val_set
@@ -155,10 +175,7 @@ class ImageFolderDataModule(ImageDataModule):
     def _train_stats(self) -> tuple[tuple[float, ...], tuple[float, ...]]:
         ds = self.train_set
         if isinstance(ds, TensorImageDataset):
-            cached = ImageCache.load_or_build(
-                self.train_files, self.image_size, self.cache_dir, self._workers()
-            )
-            return cached.mean_std(ds.indices)
+            return self._cache("train").mean_std(ds.indices)
         # Per-image decoding: estimate from a fixed sample of up to 2,000 training images, cached by file list.
         files = [
             ds.files[i] for i in torch.randperm(len(ds), generator=torch.Generator().manual_seed(0))[:2000]

@@ -1,38 +1,48 @@
 """Decode a list of images once into a memory-mapped uint8 array, reused until the files change.
 
 The cache is keyed by the file paths, sizes, modification times and the target image size: adding,
-removing or editing any image rebuilds it. Files are written under a temporary name and renamed into
-place, so an interrupted build never leaves a cache that looks complete.
+removing or editing any image rebuilds it. The array is written under a temporary name and renamed into
+place, then the JSON beside it, which marks the cache complete and carries the array's size and CRC-32 per
+16 MiB chunk: a truncated, zeroed or otherwise damaged cache is detected when it is loaded, and rebuilt.
 """
 
+import contextlib
 import hashlib
 import json
 import os
-from collections.abc import Iterable
+import zlib
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import numpy as np
 import torch
-from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader
 
 from project.data.images import DecodeAll
 from project.data.tensor_dataset import keep_as_is
-from project.errors import UserError
-from project.io import atomic_path, atomic_write_text
+from project.errors import UserError, warn
+from project.io import atomic_path, atomic_write_text, check_writable
 
-CACHE_VERSION = 1
+CACHE_VERSION = 2
+CHUNK = 16 << 20
+#: Caches up to this size are checked whole on every load (CRC-32 reads about 4 GB/s); larger ones in samples.
+FULL_CHECK_BYTES = 4 << 30
+SAMPLED_CHUNKS = 64
 
 
 def default_cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "project" / "images"
 
 
-def cache_key(files: list[Path], size: int) -> str:
+def file_stamps(files: Sequence[str | Path]) -> list[tuple[int, int]]:
+    """(size, mtime in ns) of each file, for files that a scan did not stat already."""
+    return [(st.st_size, st.st_mtime_ns) for st in (f.stat() for f in files)]
+
+
+def cache_key(files: Sequence[str | Path], stamps: list[tuple[int, int]], size: int) -> str:
     h = hashlib.sha256(f"v{CACHE_VERSION}:{size}".encode())
-    for f in files:
-        st = f.stat()
-        h.update(f"\n{f.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode())
+    h.update("".join(f"\n{f}|{s}|{m}" for f, (s, m) in zip(files, stamps, strict=True)).encode())
     return h.hexdigest()[:24]
 
 
@@ -52,6 +62,39 @@ def channel_mean_std(chunks: Iterable[torch.Tensor]) -> tuple[tuple[float, ...],
     return tuple(mean.tolist()), tuple(std.tolist())
 
 
+def _chunk_crcs(path: Path, chunks: Iterable[int] | None = None) -> dict[int, int]:
+    """CRC-32 of the file's 16 MiB chunks (all, or the given chunk numbers)."""
+    crcs = {}
+    with open(path, "rb") as f:
+        for i in chunks if chunks is not None else range(-(-path.stat().st_size // CHUNK)):
+            f.seek(i * CHUNK)
+            crcs[i] = zlib.crc32(f.read(CHUNK))
+    return crcs
+
+
+def damage(array_path: Path, meta: dict, shape: tuple[int, ...]) -> str | None:
+    """Why the cache files do not hold what the JSON says (size, shape, content), or None when they do."""
+    if not array_path.exists():
+        return "its array file is missing"
+    if array_path.stat().st_size != meta.get("bytes"):
+        return f"{array_path.name} has {array_path.stat().st_size} bytes, {meta.get('bytes')} were written"
+    crcs = meta.get("crc32") or []
+    n = len(crcs)
+    if meta["bytes"] <= FULL_CHECK_BYTES:
+        chunks = list(range(n))
+    else:  # evenly spaced chunks, the first and the last among them
+        chunks = sorted({round(i * (n - 1) / (SAMPLED_CHUNKS - 1)) for i in range(SAMPLED_CHUNKS)})
+    found = _chunk_crcs(array_path, chunks)
+    bad = [i for i in chunks if found[i] != crcs[i]]
+    if bad:
+        return f"{len(bad)} of {len(found)} checked 16 MiB chunks of {array_path.name} changed (first at byte {bad[0] * CHUNK})"
+    try:
+        images = np.load(array_path, mmap_mode="r")
+    except ValueError as e:
+        return f"{array_path.name} is not a readable array ({e})"
+    return None if images.shape == shape else f"{array_path.name} holds shape {images.shape}, not {shape}"
+
+
 class ImageCache:
     """The decoded images of `files` at `size`x`size`: `.images` (N, 3, size, size) uint8 memmap, `.bad` files.
 
@@ -63,21 +106,39 @@ class ImageCache:
 
     @classmethod
     def load_or_build(
-        cls, files: list[Path], size: int, cache_dir: Path, num_workers: int = 0
+        cls,
+        files: Sequence[str | Path],
+        size: int,
+        cache_dir: Path,
+        num_workers: int = 0,
+        stamps: list[tuple[int, int]] | None = None,
     ) -> "ImageCache":
-        cache_dir.mkdir(parents=True, exist_ok=True)
-        key = cache_key(files, size)
+        """The cache of `files` at `size` in `cache_dir`: loaded when complete and intact, else (re)built.
+
+        `stamps` are the files' (size, mtime) from the scan that found them; stat'ed here when not given.
+        """
+        stamps = file_stamps(files) if stamps is None else stamps
+        key = cache_key(files, stamps, size)
         array_path, meta_path = cache_dir / f"{key}.npy", cache_dir / f"{key}.json"
-        if meta_path.exists() and array_path.exists():  # the json is written last: it marks a complete cache
-            meta = json.loads(meta_path.read_text())
-            images = np.load(array_path, mmap_mode="r")
-            if images.shape == (len(files), 3, size, size):
+        shape = (len(files), 3, size, size)
+        if meta_path.exists():  # the JSON is written last: it marks a complete cache
+            try:
+                meta = json.loads(meta_path.read_text())
+                reason = damage(array_path, meta, shape)
+            except (ValueError, KeyError, TypeError, IndexError) as e:
+                reason = f"{meta_path.name} is unreadable ({type(e).__name__}: {e})"
+            if reason is None:
+                images = np.load(array_path, mmap_mode="r")
                 return cls(images, {int(k): v for k, v in meta["bad"].items()}, meta_path)
+            warn(f"the image cache {array_path} is damaged ({reason}); rebuilding it")
+        check_writable(
+            cache_dir, "data.cache_dir", hint="or decode images in the loader with --data.cache false"
+        )
         return cls._build(files, size, array_path, meta_path, num_workers)
 
     @classmethod
     def _build(
-        cls, files: list[Path], size: int, array_path: Path, meta_path: Path, num_workers: int
+        cls, files: Sequence[str | Path], size: int, array_path: Path, meta_path: Path, num_workers: int
     ) -> "ImageCache":
         rank_zero_info(
             f"Decoding {len(files)} images at {size}x{size} into the cache {array_path} (once) ..."
@@ -97,8 +158,16 @@ class ImageCache:
                         bad[i] = error
             out.flush()
             del out
-        # Written last: its presence marks a complete cache.
-        atomic_write_text(meta_path, json.dumps({"files": len(files), "size": size, "bad": bad, "stats": {}}))
+            crcs = _chunk_crcs(tmp)
+        meta = {
+            "files": len(files),
+            "size": size,
+            "bad": bad,
+            "stats": {},
+            "bytes": array_path.stat().st_size,
+        }
+        meta["crc32"] = [crcs[i] for i in range(len(crcs))]
+        atomic_write_text(meta_path, json.dumps(meta))  # last: its presence marks a complete cache
         return cls(np.load(array_path, mmap_mode="r"), bad, meta_path)
 
     def mean_std(self, indices: torch.Tensor) -> tuple[tuple[float, ...], tuple[float, ...]]:
@@ -109,12 +178,15 @@ class ImageCache:
             chunks = (torch.from_numpy(self.images[c.numpy()]) for c in indices.sort().values.split(4096))
             mean, std = channel_mean_std(chunks)
             meta["stats"][key] = {"mean": mean, "std": std}
-            atomic_write_text(self.meta_path, json.dumps(meta))
+            with contextlib.suppress(OSError):  # a read-only cache: computed again next time
+                atomic_write_text(self.meta_path, json.dumps(meta))
         stats = meta["stats"][key]
         return tuple(stats["mean"]), tuple(stats["std"])
 
 
-def drop_bad(indices: list[int], bad: dict[int, str], files: list[Path], skip_corrupt: bool) -> list[int]:
+def drop_bad(
+    indices: list[int], bad: dict[int, str], files: Sequence[str | Path], skip_corrupt: bool
+) -> list[int]:
     """Remove unreadable files from `indices`, or stop with an error naming them (unless `skip_corrupt`)."""
     if not bad:
         return indices
@@ -125,5 +197,8 @@ def drop_bad(indices: list[int], bad: dict[int, str], files: list[Path], skip_co
             f"unreadable image file(s): {'; '.join(names[:3])}{more}. Remove or replace them, "
             f"or set data.skip_corrupt=true to leave them out with a warning."
         )
-    rank_zero_warn(f"Leaving out {len(names)} unreadable image(s): {'; '.join(names)}")
+    warn(
+        f"leaving out {len(names)} unreadable image(s): {'; '.join(names[:10])}"
+        + (" ..." if len(names) > 10 else "")
+    )
     return [i for i in indices if i not in bad]

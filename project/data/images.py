@@ -1,7 +1,9 @@
 """Finding and decoding image files: class-folder scans, any size and mode in, fixed-size RGB out."""
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -13,23 +15,43 @@ from project.errors import UserError
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp", ".gif")
 
 
+class ClassFolders(NamedTuple):
+    """A scan of `folder/<class>/**/<image>`: files (absolute paths, as strings: a Path per file would cost
+    more than the scan) and labels in order, the class names, and each file's (size, modification time) as the
+    scan saw them, which the image cache is keyed by."""
+
+    files: list[str]
+    labels: list[int]
+    classes: list[str]
+    stamps: list[tuple[int, int]]
+
+
 def list_images(folder: Path) -> list[Path]:
-    """Image files under `folder` (recursively), sorted; other files and hidden folders are skipped."""
-    found = []
-    for dirpath, dirnames, filenames in os.walk(folder):
-        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
-        found += [
-            Path(dirpath, f)
-            for f in filenames
-            if f.lower().endswith(IMAGE_EXTENSIONS) and not f.startswith(".")
-        ]
-    return sorted(found)
+    """Image files under `folder` (recursively), sorted; other files and hidden entries are skipped."""
+    found: list[str] = []
+    _scan(str(folder), found, None)
+    return [Path(f) for f in found]
 
 
-def scan_class_folders(
-    folder: Path, classes: list[str] | None = None
-) -> tuple[list[Path], list[int], list[str]]:
-    """`folder/<class>/**/<image>` -> (files, labels, class names). Errors name the folder at fault.
+def _scan(folder: str, found: list[str], stamps: list[tuple[int, int]] | None) -> None:
+    """One `os.scandir` pass, depth-first in name order (the order of sorted paths): each image file is
+    appended to `found` and, when `stamps` is given, stat'ed once for its (size, mtime in ns)."""
+    with os.scandir(folder) as entries:
+        entries = sorted(entries, key=lambda e: e.name)
+    for entry in entries:
+        if entry.name.startswith("."):
+            continue
+        if entry.is_dir():
+            _scan(entry.path, found, stamps)
+        elif entry.name.lower().endswith(IMAGE_EXTENSIONS):
+            found.append(entry.path)
+            if stamps is not None:
+                st = entry.stat()
+                stamps.append((st.st_size, st.st_mtime_ns))
+
+
+def scan_class_folders(folder: Path, classes: list[str] | None = None) -> ClassFolders:
+    """`folder/<class>/**/<image>` -> files, labels and class names. Errors name the folder at fault.
 
     Args:
         folder: Directory with one sub-folder per class.
@@ -37,25 +59,31 @@ def scan_class_folders(
     """
     if not folder.is_dir():
         raise UserError(f"data folder {folder} does not exist or is not a directory")
+    folder = folder.resolve()  # once: the cache key uses these absolute paths
     found = sorted(d.name for d in folder.iterdir() if d.is_dir() and not d.name.startswith("."))
     if not found:
         raise UserError(
             f"data folder {folder} has no class sub-folders; expected {folder}/<class name>/<images>"
         )
+    if classes is None and len(found) < 2:
+        raise UserError(
+            f"data folder {folder} has one class folder ({found[0]}): a classifier needs at least two, one "
+            f"folder of images per class ({folder}/<class name>/<images>)"
+        )
     if classes is not None and found != classes:
         raise UserError(
             f"class folders of {folder} ({', '.join(found)}) differ from the training classes ({', '.join(classes)})"
         )
-    files, labels = [], []
+    scan = ClassFolders([], [], found, [])
     for label, name in enumerate(found):
-        images = list_images(folder / name)
-        if not images:
+        before = len(scan.files)
+        _scan(str(folder / name), scan.files, scan.stamps)
+        if len(scan.files) == before:
             raise UserError(
                 f"class folder {folder / name} contains no images (looked for {', '.join(IMAGE_EXTENSIONS)})"
             )
-        files += images
-        labels += [label] * len(images)
-    return files, labels, found
+        scan.labels.extend([label] * (len(scan.files) - before))
+    return scan
 
 
 BAD_IMAGE_ERRORS = (UnidentifiedImageError, OSError, ValueError, SyntaxError)
@@ -118,8 +146,8 @@ class ImageFileDataset(Dataset):
     is None (prediction).
     """
 
-    def __init__(self, files: list[Path], labels: list[int] | None, size: int) -> None:
-        self.files, self.labels, self.size = files, labels, size
+    def __init__(self, files: Sequence[str | Path], labels: list[int] | None, size: int) -> None:
+        self.files, self.labels, self.size = [Path(f) for f in files], labels, size
 
     def __len__(self) -> int:
         return len(self.files)
@@ -132,7 +160,7 @@ class ImageFileDataset(Dataset):
 class DecodeAll(Dataset):
     """Decodes image i into (i, array or None, error or None): never raises, so one pass finds every bad file."""
 
-    def __init__(self, files: list[Path], size: int) -> None:
+    def __init__(self, files: Sequence[str | Path], size: int) -> None:
         self.files, self.size = files, size
 
     def __len__(self) -> int:

@@ -13,7 +13,6 @@ Mixed into ProjectCLI (before LightningCLI), it adds, for every subcommand:
 
 import re
 import sys
-import tempfile
 import types
 import warnings
 from collections.abc import Callable
@@ -24,35 +23,18 @@ import yaml
 from lightning.pytorch.loggers import CSVLogger
 
 from project.errors import UserError
+from project.io import check_writable
 from project.run.checkpoints import load_checkpoint, load_weights, with_atomic_checkpoint_io
 from project.run.provenance import RNGState, RunInfo
 from project.run.resume import best_checkpoint, continue_run, find_last_checkpoint, keep_csv_metrics
 from project.run.run_folder import DEFAULT_ROOT_DIR, follow_root_dir, logger_configs
-from project.run.wandb_offline import apply_wandb_mode, fall_back_to_offline
+from project.run.wandb_logger import apply_wandb_mode, fall_back_to_offline
 
 # Messages of torch layers fed a tensor of the wrong shape (linear, conv channels, too small for pooling).
 SHAPE_ERROR = re.compile(
     r"shapes cannot be multiplied|channels, but got|Calculated padded input size|Output size is too small"
 )
 SPECIAL_CKPT_PATHS = ("hpc", "registry")  # resolved by Lightning itself
-
-
-def check_writable(folder: str | Path, key: str = "trainer.default_root_dir") -> None:
-    """A UserError naming `key` unless `folder` can be created and written; leaves no trace on disk.
-
-    Probes the folder, or its nearest existing parent when it does not exist yet, with a temporary file.
-    """
-    folder = Path(folder).absolute()
-    existing = next(p for p in (folder, *folder.parents) if p.exists())
-    try:
-        if not existing.is_dir():
-            raise NotADirectoryError(20, f"{existing} is a file")
-        with tempfile.TemporaryFile(dir=existing):
-            pass
-    except OSError as e:
-        raise UserError(
-            f"{key} {folder} is not a writable folder ({e.strerror or e}); choose another with --{key} PATH"
-        ) from None
 
 
 def config_files(args: Any) -> list[str]:
@@ -161,7 +143,7 @@ class ReliableRunMixin:
         if self.subcommand is None:
             return
         if self.subcommand in ("fit", "predict") or loggers:  # predictions, checkpoints and logs go there
-            check_writable(config.trainer.default_root_dir or DEFAULT_ROOT_DIR)
+            check_writable(config.trainer.default_root_dir or DEFAULT_ROOT_DIR, "trainer.default_root_dir")
         if self._resume is not None:
             self._resume_run_dir = continue_run(loggers, *self._resume)
 

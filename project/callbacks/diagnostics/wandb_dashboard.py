@@ -65,6 +65,12 @@ class WandbDashboard(Callback):
             self._logger.watch(pl_module, log=self.watch, log_freq=self.watch_log_freq, log_graph=False)
             self._watched = pl_module
 
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
+        # The W&B run starts now, in the background: off the path to the first step, up long before the first
+        # metrics are logged (project.run.wandb_logger.WandbLogger; Lightning's own started at setup).
+        if self._logger is not None and callable(getattr(self._logger, "start", None)):
+            self._logger.start()
+
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self._watched is not None and self._logger is not None:
             self._logger.experiment.unwatch(self._watched)
