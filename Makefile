@@ -11,7 +11,7 @@ CONSTRAINTS ?= constraints.txt
 WITH_VENV := PATH="$(abspath $(VENV))/bin:$$PATH"
 
 .DEFAULT_GOAL := help
-.PHONY: help install constraints train test test-fast lint format hooks clean clean-all
+.PHONY: help install constraints train test test-all lint format hooks clean clean-all
 
 help: ## List the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -34,11 +34,12 @@ constraints: ## Re-pin constraints.txt from a fresh venv, after changing depende
 train: install ## Train: python -m project fit --config $(CONFIG) $(ARGS)
 	$(PY) -m project fit --config $(CONFIG) $(ARGS)
 
-test: install ## Run the test suite on the CPU (a few minutes)
-	$(PY) -m pytest
+# Both run on every core (pytest-xdist): two processes on a 2-core laptop.
+test: install ## After every change: every module, without the slow end-to-end runs (under 5 min, 2 cores)
+	$(PY) -m pytest -n auto -m "not slow"
 
-test-fast: install ## The suite without the slow end-to-end runs
-	$(PY) -m pytest -m "not slow"
+test-all: install ## Everything, the end-to-end runs included: what CI runs (under 8 min, 2 cores)
+	$(PY) -m pytest -n auto
 
 lint: install ## The pre-commit checks on every file: ruff, nbstripout, hygiene (fails if any fixed something)
 	$(WITH_VENV) $(PY) -m pre_commit run --all-files --show-diff-on-failure
