@@ -11,6 +11,7 @@ import logging
 import signal
 import sys
 import warnings
+from pathlib import Path
 from typing import Any
 
 from jsonargparse import ActionConfigFile, Namespace
@@ -41,10 +42,11 @@ from project.callbacks import (
 )
 from project.data import ImageDataModule
 from project.errors import UserError, find_user_error
+from project.io import atomic_write_text
 from project.lit import ImageClassifier
 from project.run.lightning_private import LightningCLIWithHooks
 from project.run.reliable_run import ReliableRunMixin
-from project.run.run_folder import DEFAULT_ROOT_DIR
+from project.run.run_folder import DEFAULT_ROOT_DIR, release_run_folders
 from project.run.wandb_logger import finish_runs
 
 SEED = 42
@@ -106,7 +108,16 @@ def add_project_arguments(parser: LightningArgumentParser) -> None:
 
 
 class LoggerSaveConfigCallback(SaveConfigCallback):
-    """Saves the resolved config next to the run (config.yaml) and records it in every logger (W&B's run config)."""
+    """Saves the resolved config next to the run (config.yaml, atomically) and records it in every logger (W&B's
+    run config)."""
+
+    def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        if not self.already_saved:
+            log_dir = trainer.log_dir  # a collective (broadcast from rank 0): every rank asks
+            if trainer.is_global_zero:
+                text = self.parser.dump(self.config, skip_none=False)
+                atomic_write_text(Path(log_dir) / self.config_filename, text)
+        super().setup(trainer, pl_module, stage)  # save_to_log_dir=False: the loggers' copy only
 
     def save_config(self, trainer: Any, pl_module: Any, stage: str) -> None:
         config = self.config.as_dict()
@@ -128,7 +139,7 @@ class ProjectCLI(ReliableRunMixin, LightningCLIWithHooks):
             seed_everything_default=SEED,
             trainer_defaults=TRAINER_DEFAULTS,
             save_config_callback=LoggerSaveConfigCallback,
-            save_config_kwargs={"overwrite": True},
+            save_config_kwargs={"overwrite": True, "save_to_log_dir": False},
             auto_configure_optimizers=False,
             parser_kwargs={"prog": USAGE, "description": "Training and evaluation of an image classifier."},
             args=args,
@@ -220,3 +231,5 @@ def main(args: list[str] | None = None) -> None:
         finish_runs(1)
         print(f"error: {user_error}", file=sys.stderr)
         sys.exit(1)
+    finally:
+        release_run_folders()

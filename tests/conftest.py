@@ -45,6 +45,13 @@ def image_folder(tmp_path) -> Path:
     return make_image_folder(tmp_path / "images")
 
 
+def newest_run(root: Path) -> Path:
+    """The folder of the newest run under the trainer.default_root_dir `root`: `root/runs/version_N`."""
+    runs = sorted((root / "runs").glob("version_*"), key=lambda p: int(p.name.removeprefix("version_")))
+    assert runs, f"no run folder under {root}/runs"
+    return runs[-1]
+
+
 def run_cli(*args: str, cwd: Path, check: bool = True, timeout: int = 300) -> subprocess.CompletedProcess:
     """`python -m project <args>` in a subprocess (with the fake-CIFAR checksum patch)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import CONFIGS, run_cli
+from tests.conftest import CONFIGS, newest_run, run_cli
 
 
 @dataclass
@@ -39,8 +39,9 @@ def trained_run(fake_cifar, tmp_path_factory) -> TrainedRun:
         "--trainer.default_root_dir", root,
         cwd=root, timeout=900,
     )  # fmt: skip
+    run = newest_run(root)
     return TrainedRun(
-        root=root, ckpt=root / "checkpoints" / "last.ckpt", config=root / "config.yaml", data_dir=fake_cifar
+        root=run, ckpt=run / "checkpoints" / "last.ckpt", config=run / "config.yaml", data_dir=fake_cifar
     )
 
 

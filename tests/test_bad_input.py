@@ -179,7 +179,7 @@ def test_missing_and_foreign_checkpoints_are_named(fake_cifar, tmp_path, capsys)
     message = fails(["fit", *args, "--ckpt_path", tmp_path / "notes.ckpt"], capsys)
     assert "notes.ckpt is not a PyTorch checkpoint" in message and "arbitrary code" not in message
     message = fails(["test", *args, "--ckpt_path", "last"], capsys)
-    assert "--ckpt_path last: there is no last.ckpt under" in message
+    assert "--ckpt_path last: no run of these settings under" in message
     assert not (tmp_path / "logs").exists()
 
 

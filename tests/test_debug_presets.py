@@ -10,7 +10,7 @@ import yaml
 from project.callbacks.debug.memory import CUDAMemoryRecorder
 from project.cli import ProjectCLI
 from project.models import MLP
-from tests.conftest import CONFIGS
+from tests.conftest import CONFIGS, newest_run
 from tests.tiny_fit import command_args, readme_commands, tiny_args
 
 PRESETS = sorted(p.name for p in (CONFIGS / "debug").glob("*.yaml"))
@@ -76,7 +76,7 @@ def test_fast(fake_cifar, tmp_path):
     cli = run("fast.yaml", fake_cifar, tmp_path)
     assert cli.trainer.state.finished and cli.trainer.global_step == 4
     assert cli.trainer.loggers == [] and cli.trainer.precision == "32-true"
-    assert (tmp_path / "checkpoints" / "last.ckpt").exists()
+    assert (newest_run(tmp_path) / "checkpoints" / "last.ckpt").exists()
 
 
 def test_overfit_runs_a_few_steps_without_augmentation(fake_cifar, tmp_path):
@@ -124,7 +124,7 @@ def test_profile_writes_traces_and_a_table(fake_cifar, tmp_path, capsys):
         "profile.yaml", fake_cifar, tmp_path, *SHORT, *schedule, "--trainer.profiler.init_args.active", "2"
     )
     assert cli.trainer.global_step == 4
-    folder = tmp_path / "profiler"  # in the run's log directory (default_root_dir without a logger)
+    folder = newest_run(tmp_path) / "profiler"  # in the run's log directory
     (trace,) = folder.glob("*training_step*.pt.trace.json")
     events = yaml.safe_load(trace.read_text())["traceEvents"]  # JSON is YAML
     steps = {e["name"] for e in events if e.get("name", "").startswith("ProfilerStep#")}
@@ -181,8 +181,9 @@ def test_memory_records_dumps_summarises_and_dumps_on_oom(fake_cifar, tmp_path, 
     ]
     out = capsys.readouterr().out
     assert out.count("FAKE MEMORY SUMMARY") == 1  # after the first epoch
-    assert f"CUDA memory snapshot: {tmp_path / 'memory_snapshot_oom.pickle'}" in out
-    assert (tmp_path / "memory_snapshot_step3.pickle").exists()
+    run_dir = newest_run(tmp_path)  # the run's log directory
+    assert f"CUDA memory snapshot: {run_dir / 'memory_snapshot_oom.pickle'}" in out
+    assert (run_dir / "memory_snapshot_step3.pickle").exists()
 
 
 def test_memory_logs_peaks_and_can_stop_recording(fake_cifar, tmp_path, monkeypatch):

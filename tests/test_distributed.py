@@ -36,7 +36,7 @@ from project.distributed import sharding_units
 from project.distributed.sharding import shard_network
 from project.lit import ImageClassifier
 from project.models import CIFARResNet, SimpleCNN
-from tests.conftest import CONFIGS, ROOT, run_cli
+from tests.conftest import CONFIGS, ROOT, newest_run, run_cli
 from tests.probes import PredictionProbe
 from tests.tiny_runs import TRAIN_SIZE, VAL_SIZE, csv_logger_config, fit_args, tiny_cifar
 
@@ -156,7 +156,7 @@ def test_fsdp2_on_two_processes_trains_clips_and_checkpoints_for_one_process(cif
 
     # The checkpoint is one file with the full (gathered) weights: it loads in one plain process and
     # predicts exactly what the sharded model predicted.
-    ckpt = tmp_path / "fsdp2" / "checkpoints" / "last.ckpt"
+    ckpt = newest_run(tmp_path / "fsdp2") / "checkpoints" / "last.ckpt"
     assert ckpt.is_file()
     state = torch.load(ckpt, map_location="cpu", weights_only=True)
     assert {k: v.shape for k, v in state["state_dict"].items()} == {
@@ -361,7 +361,7 @@ def test_torchrun_two_node_ranks_on_one_machine(cifar, tmp_path):
         in logs[0]
     )
     assert "Effective batch size" not in logs[1]
-    assert (tmp_path / "logs" / "checkpoints" / "last.ckpt").is_file()
+    assert (newest_run(tmp_path / "logs") / "checkpoints" / "last.ckpt").is_file()
 
 
 SLURM_RANK_1_OF_2 = {  # what srun sets for the task on the second of 2 nodes, 1 task per node
@@ -452,7 +452,9 @@ def test_fsdp_on_one_gpu_with_cpu_offload_trains_clips_by_norm_and_saves_a_full_
     recorded = json.loads(grads.read_text())
     assert recorded["seen"], "no optimizer step ran (every fp16 step overflowed?)"
     assert max(step["norm"] for step in recorded["seen"]) <= 1.0 + 1e-4
-    state = torch.load(tmp_path / "fsdp" / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
+    state = torch.load(
+        newest_run(tmp_path / "fsdp") / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True
+    )
     assert {k: v.shape for k, v in state["state_dict"].items()} == {
         f"net.{k}": v.shape for k, v in CIFARResNet().state_dict().items()
     }
@@ -469,7 +471,9 @@ def test_gpu_presets_train_on_one_gpu(preset, cifar, tmp_path):
         "--config", CONFIGS / "trainer" / preset, "--trainer.devices", "1", "--trainer.logger", "false",
         cwd=tmp_path,
     )  # fmt: skip
-    state = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
+    state = torch.load(
+        newest_run(tmp_path / "run") / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True
+    )
     assert state["global_step"] == 2 and "net.fc.weight" in state["state_dict"]
 
 

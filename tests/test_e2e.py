@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import CONFIGS, run_cli
+from tests.conftest import CONFIGS, newest_run, run_cli
 from tests.wandb_reader import read_run
 
 pytestmark = pytest.mark.slow
@@ -51,7 +51,7 @@ def test_cifar_fit_validate_test_predict_resume(fake_cifar, tmp_path):
     assert "test/acc" in out
 
     run_cli("predict", *common, "--ckpt_path", ckpt, "--trainer.logger", "false", cwd=tmp_path)
-    with open(tmp_path / "logs" / "predictions.csv") as f:
+    with open(newest_run(tmp_path / "logs") / "predictions.csv") as f:  # each command in its own run folder
         predictions = list(csv.DictReader(f))
     assert len(predictions) == 100 and predictions[7]["input"] == "cifar10/test/7"
     assert {p["class_name"] for p in predictions} <= set(checkpoint["CIFARDataModule"]["class_names"])
@@ -59,7 +59,7 @@ def test_cifar_fit_validate_test_predict_resume(fake_cifar, tmp_path):
 
     # Resuming continues from the saved epoch (the third epoch is the only one the second run trains).
     run_cli("fit", *common, "--trainer.max_epochs", "3", "--ckpt_path", ckpt, cwd=tmp_path)
-    resumed = read_metrics(tmp_path / "logs" / "runs" / "version_1")
+    resumed = read_metrics(newest_run(tmp_path / "logs"))
     assert {int(r["epoch"]) for r in resumed} == {2}
     assert int(resumed[-1]["step"]) == 3 * 8 - 1  # 8 batches of 50 per epoch
 
@@ -74,7 +74,7 @@ def test_folder_fit_and_predict(image_folder, tmp_path):
     assert failed.returncode == 1 and "broken.jpg" in failed.stderr and "Traceback" not in failed.stderr
 
     run_cli("fit", *common, "--data.skip_corrupt", "true", cwd=tmp_path)
-    ckpt = tmp_path / "logs" / "checkpoints" / "last.ckpt"
+    ckpt = newest_run(tmp_path / "logs") / "checkpoints" / "last.ckpt"
     assert ckpt.exists()
     run_cli(
         "predict",
@@ -87,7 +87,7 @@ def test_folder_fit_and_predict(image_folder, tmp_path):
         "1.0",
         cwd=tmp_path,
     )
-    with open(tmp_path / "logs" / "predictions.csv") as f:
+    with open(newest_run(tmp_path / "logs") / "predictions.csv") as f:
         predictions = list(csv.DictReader(f))
     assert predictions and all(Path(p["input"]).exists() for p in predictions)
     assert {p["class_name"] for p in predictions} <= {"c0", "c1", "c2"}

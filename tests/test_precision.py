@@ -12,7 +12,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from project.cli import ProjectCLI
 from project.lit import ImageClassifier
 from project.models import SimpleCNN
-from tests.conftest import CONFIGS, run_cli
+from tests.conftest import CONFIGS, newest_run, run_cli
 from tests.probes import ForwardDtype, ScalerAtStart
 from tests.tiny_runs import fit_args, tiny_cifar
 
@@ -41,7 +41,7 @@ def test_bf16_preset_trains_and_resumes_on_cpu(cifar, tmp_path):
     ]  # fmt: skip
     first = cli_fit(fit_args(cifar, tmp_path, *common, "--trainer.max_epochs", "1"))
     assert first.trainer.precision == "bf16-mixed" and probe(first, ForwardDtype).dtypes == {torch.bfloat16}
-    ckpt = tmp_path / "checkpoints" / "last.ckpt"
+    ckpt = newest_run(tmp_path) / "checkpoints" / "last.ckpt"
     saved = torch.load(ckpt, map_location="cpu", weights_only=True)
     assert saved["global_step"] == 2 and saved["state_dict"]["net.classifier.4.weight"].dtype == torch.float32
 
@@ -50,7 +50,10 @@ def test_bf16_preset_trains_and_resumes_on_cpu(cifar, tmp_path):
     )
     assert probe(second, ForwardDtype).dtypes == {torch.bfloat16}
     assert second.trainer.global_step == 4 and second.trainer.current_epoch == 2  # continued, not restarted
-    resumed = torch.load(ckpt, map_location="cpu", weights_only=True)
+    # An explicit checkpoint starts a new run folder from that state (a branch): its own last.ckpt.
+    resumed = torch.load(
+        newest_run(tmp_path) / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True
+    )
     assert resumed["global_step"] == 4
     assert not torch.equal(
         resumed["state_dict"]["net.classifier.4.weight"], saved["state_dict"]["net.classifier.4.weight"]
@@ -115,7 +118,7 @@ def test_fp16_preset_scaler_round_trip_on_gpu(cifar, tmp_path):
         "--data.batch_size", "8", "--trainer.limit_train_batches", "3", "--trainer.logger", "false",
     ]  # fmt: skip
     run_cli(*fit_args(cifar, tmp_path, *common, "--trainer.max_epochs", "1"), cwd=tmp_path)
-    ckpt = tmp_path / "checkpoints" / "last.ckpt"
+    ckpt = newest_run(tmp_path) / "checkpoints" / "last.ckpt"
     scale = torch.load(ckpt, map_location="cpu", weights_only=True)["MixedPrecision"]["scale"]
     assert scale > 0
     args = fit_args(cifar, tmp_path, *common, "--trainer.max_epochs", "2", "--ckpt_path", ckpt)

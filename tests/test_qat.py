@@ -17,7 +17,7 @@ from project.errors import UserError
 from project.models import SimpleCNN
 from project.run.checkpoints import load_checkpoint, load_weights
 from tests.callback_fit import make_data, make_model, make_trainer
-from tests.conftest import CONFIGS, ROOT, run_cli
+from tests.conftest import CONFIGS, ROOT, newest_run, run_cli
 
 
 def tiny_resnet() -> nn.Module:
@@ -138,7 +138,7 @@ def test_qat_fit_with_pruning_saves_an_int8_model_that_reloads_in_a_fresh_proces
     # pruning), BN frozen from the start, ranges frozen from epoch 1.
     assert "pruning made permanent" in result.stderr + result.stdout
     assert "deprecat" not in result.stderr.lower()
-    folder = logs / "checkpoints"
+    folder = newest_run(logs) / "checkpoints"
     assert (folder / "model_int8.pt2").is_file()
     report = {k: float(v) for k, v in read_metrics_from_stdout(result.stdout + result.stderr).items()}
     assert report["INT8"] >= 0.1 and abs(report["INT8"] - report["fake-quantized"]) <= 0.05

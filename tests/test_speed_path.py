@@ -8,7 +8,7 @@ from project.data.tensor_dataset import TensorImageDataset
 from project.lit import ImageClassifier
 from project.models import SimpleCNN
 from project.models.airbench import AirbenchNet
-from tests.conftest import CONFIGS, run_cli
+from tests.conftest import CONFIGS, newest_run, run_cli
 
 
 def test_tensor_dataset_to_device_reads_memmap_and_keeps_batches(tmp_path):
@@ -54,7 +54,7 @@ def test_speedrun_recipe_runs_on_cpu(fake_cifar, tmp_path):
         "--trainer.default_root_dir", tmp_path, "--trainer.limit_train_batches", "3",
         cwd=tmp_path,
     )  # fmt: skip
-    ckpt = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=True)
+    ckpt = torch.load(newest_run(tmp_path) / "checkpoints" / "last.ckpt", weights_only=True)
     whiten = ckpt["state_dict"]["net.whiten.weight"]
     assert whiten.shape == (24, 3, 2, 2) and whiten.abs().sum() > 0  # set from the data, saved with the model
     assert ckpt["global_step"] == 3

@@ -97,7 +97,10 @@ def collect_run_info() -> dict[str, Any]:
 class RunInfo(Callback):
     """Records the run's code version and software in the run folder, the loggers and each checkpoint."""
 
-    def __init__(self) -> None:
+    def __init__(self, settings: dict[str, Any] | None = None) -> None:
+        self.settings = (
+            settings  # the run's config as given, recorded in checkpoints (see project.run.resume)
+        )
         self.info: dict[str, Any] | None = None
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -132,6 +135,7 @@ class RunInfo(Callback):
         info["wandb_run_id"] = next(
             (lg.version for lg in trainer.loggers if isinstance(lg, WandbLogger)), None
         )
+        info["config"] = self.settings
         checkpoint["run_info"] = info
 
 

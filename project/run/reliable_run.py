@@ -21,13 +21,28 @@ from typing import Any
 
 import yaml
 from lightning.pytorch.loggers import CSVLogger
+from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
-from project.errors import UserError
+from project.errors import UserError, warn
 from project.io import check_writable
 from project.run.checkpoints import load_checkpoint, load_weights, with_atomic_checkpoint_io
 from project.run.provenance import RNGState, RunInfo
-from project.run.resume import best_checkpoint, continue_run, find_last_checkpoint, keep_csv_metrics
-from project.run.run_folder import DEFAULT_ROOT_DIR, follow_root_dir, logger_configs
+from project.run.resume import (
+    best_checkpoint,
+    continue_run,
+    find_run_to_continue,
+    keep_csv_metrics,
+    run_settings,
+)
+from project.run.run_folder import (
+    DEFAULT_ROOT_DIR,
+    claim_run_folder,
+    follow_root_dir,
+    lock_run_folder,
+    logger_configs,
+    point_loggers_at,
+    release_run_folders,
+)
 from project.run.wandb_logger import apply_wandb_mode, fall_back_to_offline
 
 # Messages of torch layers fed a tensor of the wrong shape (linear, conv channels, too small for pooling).
@@ -74,6 +89,9 @@ class ReliableRunMixin:
 
     _resume: tuple[Path, dict[str, Any]] | None = None  # (last.ckpt, its run_info and global_step)
     _resume_run_dir: Path | None = None
+    _run_dir: Path | None = None  # this run's folder (global rank 0)
+    _settings: dict[str, Any] = {}
+    _logger_args: list[tuple[Any, dict[str, Any]]] = []
 
     # -- parsing -------------------------------------------------------------------------------------------
     def init_parser(self, **kwargs: Any) -> Any:
@@ -88,6 +106,12 @@ class ReliableRunMixin:
             check_config_file(path)
         super().parse_arguments(parser, args)
         subcommand = self.config.get("subcommand")
+        if subcommand:
+            # What identifies this run, as given (before any logger is pointed at a folder): every checkpoint
+            # records it, and `--ckpt_path last` continues only a run started with the same settings.
+            dumped = yaml.safe_load(self.parser.dump(self.config, skip_none=False, skip_link_targets=False))
+            # fit continues a run started the same way; the evaluations need only the same network and data.
+            self._settings = run_settings(dumped[subcommand], whole=subcommand == "fit")
         if subcommand and self.config[subcommand].get("ckpt_path") is not None:
             # Before Lightning reads the checkpoint's hyperparameters into the model config.
             self._resolve_ckpt_path(subcommand, self.config[subcommand])
@@ -108,20 +132,18 @@ class ReliableRunMixin:
             return
         root = config.trainer.default_root_dir or DEFAULT_ROOT_DIR
         dirpath = config.get("checkpoint", {}).get("dirpath") if config.get("checkpoint") else None
-        last = find_last_checkpoint(root, dirpath)
-        if last is None:
+        found = find_run_to_continue(root, dirpath, self._settings)
+        if found is None:
             where = dirpath or f"{root} (trainer.default_root_dir)"
             if ckpt == "last" and subcommand == "fit":
                 # Not an error: a job script can always pass --ckpt_path last, from its very first start.
-                warnings.warn(
-                    f"--ckpt_path last: no last.ckpt under {where} yet; starting a new run", stacklevel=2
-                )
+                warn(f"--ckpt_path last: no run of these settings under {where} yet; starting a new run")
                 config.ckpt_path = None
                 return
             raise UserError(
-                f"--ckpt_path {ckpt}: there is no last.ckpt under {where}; pass a checkpoint file"
+                f"--ckpt_path {ckpt}: no run of these settings under {where}; pass a checkpoint file"
             )
-        checkpoint = load_checkpoint(last)
+        last, checkpoint = found
         if ckpt == "best":
             path = best_checkpoint(last, checkpoint)
             load_checkpoint(path)
@@ -142,15 +164,34 @@ class ReliableRunMixin:
         fall_back_to_offline(loggers)
         if self.subcommand is None:
             return
-        if self.subcommand in ("fit", "predict") or loggers:  # predictions, checkpoints and logs go there
-            check_writable(config.trainer.default_root_dir or DEFAULT_ROOT_DIR, "trainer.default_root_dir")
+        root = config.trainer.default_root_dir or DEFAULT_ROOT_DIR
+        check_writable(root, "trainer.default_root_dir")
+        # The loggers are pointed at this run's folder and W&B id for their instantiation only: the saved config
+        # keeps them unset, so a rerun from it becomes a run of its own (see after_instantiate_classes).
+        self._logger_args = [
+            (a, dict(a)) for a in (getattr(lg, "init_args", None) for lg in loggers) if a is not None
+        ]
         if self._resume is not None:
             self._resume_run_dir = continue_run(loggers, *self._resume)
+        if rank_zero_only.rank == 0:  # the other processes of a run write nothing of their own
+            self._run_dir = self._resume_run_dir or claim_run_folder(root)
+            lock_run_folder(self._run_dir)
+            point_loggers_at(loggers, self._run_dir)
+
+    def after_instantiate_classes(self) -> None:
+        super().after_instantiate_classes()
+        for init_args, before in self._logger_args:
+            for key in ("version", "id"):
+                if key in before:
+                    init_args[key] = before[key]
 
     def configure_trainer(self, trainer_config: dict[str, Any], callbacks: list[Any]) -> list[Any]:
         callbacks = super().configure_trainer(trainer_config, callbacks)
         trainer_config["plugins"] = with_atomic_checkpoint_io(trainer_config.get("plugins"))
-        return [*callbacks, RNGState(), RunInfo()] if self.subcommand == "fit" else callbacks
+        if self._run_dir is not None and trainer_config.get("logger") in (False, None, []):
+            # Without a logger Lightning writes into default_root_dir itself: into the run's folder instead.
+            trainer_config["default_root_dir"] = str(self._run_dir)
+        return [*callbacks, RNGState(), RunInfo(self._settings)] if self.subcommand == "fit" else callbacks
 
     # -- running -------------------------------------------------------------------------------------------
     def before_fit(self) -> None:
@@ -166,6 +207,7 @@ class ReliableRunMixin:
     def run_subcommand(self, subcommand: str, run: Callable[[], None]) -> None:
         try:
             super().run_subcommand(subcommand, run)
+            self._say_if_nothing_was_trained(subcommand)
         except RuntimeError as e:
             ckpt = self.config_init[subcommand].get("ckpt_path")
             if "Error(s) in loading state_dict" in str(e) and ckpt and self.model is not None:
@@ -179,3 +221,14 @@ class ReliableRunMixin:
                     "(data.image_size)."
                 ) from e
             raise
+        finally:
+            release_run_folders()  # the run has written what it writes
+
+    def _say_if_nothing_was_trained(self, subcommand: str) -> None:
+        if subcommand == "fit" and self._resume is not None and self.trainer.is_global_zero:
+            step = int(self._resume[1].get("global_step") or 0)
+            if self.trainer.global_step == step:
+                warn(
+                    f"--ckpt_path last: the run in {self._resume_run_dir} had already reached the end of its "
+                    f"training (step {step}); nothing was trained. To train longer, raise --trainer.max_epochs"
+                )

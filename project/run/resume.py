@@ -1,11 +1,14 @@
-"""`--ckpt_path last|best`: find the checkpoint, and continue the interrupted run in place.
+"""`--ckpt_path last|best`: find the run to continue, and continue it in place.
 
 Lightning looks for `last.ckpt` only in the folder of the run being started, which is always a new, empty
-`version_N`, so with Lightning alone `--ckpt_path last` would silently start from scratch. Here `last` is the newest `last.ckpt` under
-`trainer.default_root_dir` (or `checkpoint.dirpath` when set), and `best` is the best checkpoint recorded in it.
-Resuming from `last` continues the same run: its `version_N` folder (checkpoints, best-k tracking,
-`metrics.csv` kept up to the checkpoint's step) and its W&B run id. An explicit path starts a new run folder
-from that state instead (a branch, e.g. to fine-tune).
+`version_N`, so with Lightning alone `--ckpt_path last` would silently start from scratch. Here `last` is the
+newest intact checkpoint of the newest run under `trainer.default_root_dir` (or in `checkpoint.dirpath` when
+set) that was started with the same settings: every checkpoint records the run's config, and a run started
+otherwise (a debug run, another network) is passed over with a notice naming the first setting that differs.
+Only the length of training (`trainer.max_epochs`, `max_steps`, `max_time`) may change, to train longer.
+`best` is the best checkpoint recorded in that run. Resuming from `last` continues the same run: its
+`version_N` folder (checkpoints, best-k tracking, `metrics.csv` kept up to the checkpoint's step) and its W&B
+run id. An explicit path starts a new run folder from that state instead (a branch, e.g. to fine-tune).
 """
 
 import csv
@@ -17,10 +20,42 @@ from typing import Any
 
 from lightning.pytorch.loggers import CSVLogger
 
-from project.errors import UserError
+from project.errors import UserError, warn
+from project.run.checkpoints import load_checkpoint
 from project.run.lightning_private import restore_csv_rows
+from project.run.run_folder import RUNS, run_folder_of
 
 LAST_NAME = re.compile(r"^last(-v\d+)?\.ckpt$")  # Lightning versions clashing names as last-v1.ckpt, ...
+#: Settings that may differ between a run and the command that continues it: how long to train.
+MAY_CHANGE = ("ckpt_path", "trainer.max_epochs", "trainer.max_steps", "trainer.max_time")
+
+
+def run_settings(config: dict[str, Any], whole: bool = True) -> dict[str, Any]:
+    """The settings that identify a run: its config without the keys that may change on resume; or, for
+    evaluating it (`whole=False`), its network and data alone."""
+    if not whole:
+        return {key: config.get(key) for key in ("model", "data")}
+    settings = {key: value for key, value in config.items() if key != "ckpt_path"}
+    trainer = {k: v for k, v in (settings.get("trainer") or {}).items() if f"trainer.{k}" not in MAY_CHANGE}
+    return {**settings, "trainer": trainer}
+
+
+def first_difference(a: Any, b: Any, prefix: str = "") -> str | None:
+    """The first dotted key whose value differs between two nested configs, with both values."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        for key in sorted(set(a) | set(b)):
+            found = first_difference(a.get(key), b.get(key), f"{prefix}{key}.")
+            if found:
+                return found
+        return None
+    return None if a == b else f"{prefix.rstrip('.')}: {a!r} there, {b!r} here"
+
+
+def checkpoints_newest_first(folder: Path, recursive: bool = False) -> list[Path]:
+    """The checkpoint files in `folder` (and below it), newest first; hidden partial files are never one."""
+    found = folder.rglob("*.ckpt") if recursive else folder.glob("*.ckpt")
+    files = [p for p in found if p.is_file() and not p.name.startswith(".")]
+    return sorted(files, key=lambda p: p.stat().st_mtime_ns, reverse=True)
 
 
 def find_last_checkpoint(root: str | Path, dirpath: str | Path | None = None) -> Path | None:
@@ -28,9 +63,51 @@ def find_last_checkpoint(root: str | Path, dirpath: str | Path | None = None) ->
     folder = Path(dirpath) if dirpath else Path(root)
     if not folder.is_dir():
         return None
-    found = folder.glob("*.ckpt") if dirpath else folder.rglob("*.ckpt")
-    candidates = [p for p in found if LAST_NAME.match(p.name) and p.is_file()]
-    return max(candidates, key=lambda p: p.stat().st_mtime_ns) if candidates else None
+    return next((p for p in checkpoints_newest_first(folder, not dirpath) if LAST_NAME.match(p.name)), None)
+
+
+def find_run_to_continue(
+    root: str | Path, dirpath: str | Path | None, settings: dict[str, Any]
+) -> tuple[Path, dict[str, Any]] | None:
+    """(newest intact checkpoint, its content) of the newest run started with `settings`; None if no run was.
+
+    Runs are the folders of `root/runs/`, or `dirpath` alone when given; each is judged by its newest
+    checkpoint's recorded config (checkpoints written before configs were recorded match any command).
+    A checkpoint that cannot be read (cut short by a full disk, say) is skipped for the next one of its run.
+    """
+    if dirpath:
+        folders = [Path(dirpath)] if Path(dirpath).is_dir() else []
+    else:
+        base = Path(root) / RUNS
+        folders = (
+            [p / "checkpoints" for p in base.iterdir() if (p / "checkpoints").is_dir()]
+            if base.is_dir()
+            else []
+        )
+    runs = [(files, folder) for folder in folders if (files := checkpoints_newest_first(folder))]
+    runs.sort(key=lambda run: run[0][0].stat().st_mtime_ns, reverse=True)
+    passed_over = None
+    for files, folder in runs:
+        for path in files:
+            try:
+                checkpoint = load_checkpoint(path)
+            except UserError as e:
+                warn(f"--ckpt_path last: skipping {path}: {e}")
+                continue
+            recorded = (checkpoint.get("run_info") or {}).get("config")
+            recorded = recorded if recorded is None else {key: recorded.get(key) for key in settings}
+            difference = recorded is not None and first_difference(recorded, settings)
+            if difference:
+                passed_over = passed_over or (folder.parent, difference)
+                break  # the whole run was started otherwise
+            return path, checkpoint
+    if passed_over:
+        run, difference = passed_over
+        warn(
+            f"--ckpt_path last: passing over the run in {run}, started with other settings ({difference}); "
+            f"to continue it anyway, pass its checkpoint: --ckpt_path {run}/checkpoints/last.ckpt"
+        )
+    return None
 
 
 def best_checkpoint(last: Path, checkpoint: dict[str, Any]) -> Path:
@@ -47,30 +124,15 @@ def best_checkpoint(last: Path, checkpoint: dict[str, Any]) -> Path:
 
 
 def continue_run(loggers: list[Any], ckpt: Path, checkpoint: dict[str, Any]) -> Path | None:
-    """Point the configured loggers at the run that wrote `ckpt` (`<save_dir>/<name>/<version>/checkpoints/`).
-
-    Versioned loggers (CSV, TensorBoard) whose folder matches get that version; W&B loggers get the run id
-    recorded in the checkpoint (`run_info.wandb_run_id`). Returns the run folder when a
-    versioned logger was matched (its metrics are then kept up to the checkpoint's step).
-    """
-    run_dir = ckpt.resolve().parent.parent if ckpt.parent.name == "checkpoints" else None
+    """Point the W&B loggers at the run id recorded in the checkpoint (`run_info.wandb_run_id`) and return the
+    folder of the run that wrote `ckpt`, which the versioned loggers then continue."""
     wandb_id = (checkpoint.get("run_info") or {}).get("wandb_run_id")
-    matched = None
     for logger in loggers:
         init_args = getattr(logger, "init_args", None)
-        if init_args is None:
-            continue
-        if logger.class_path.endswith("WandbLogger"):
-            if wandb_id and not init_args.get("id") and not init_args.get("version"):
-                init_args["id"] = wandb_id  # WandbLogger always passes resume="allow": the run continues
-            continue
-        if run_dir is None or "version" not in init_args or init_args.get("version") is not None:
-            continue
-        parent = Path(str(init_args.get("save_dir") or ".")) / str(init_args.get("name") or "")
-        if parent.resolve() == run_dir.parent:
-            init_args["version"] = run_dir.name
-            matched = run_dir
-    return matched
+        is_wandb = init_args is not None and logger.class_path.endswith("WandbLogger")
+        if is_wandb and wandb_id and not init_args.get("id") and not init_args.get("version"):
+            init_args["id"] = wandb_id  # WandbLogger always passes resume="allow": the run continues
+    return run_folder_of(ckpt)
 
 
 def keep_csv_metrics(logger: CSVLogger, before_step: int) -> None:
