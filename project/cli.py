@@ -11,7 +11,6 @@ import logging
 import signal
 import sys
 import warnings
-from pathlib import Path
 from typing import Any
 
 from jsonargparse import ActionConfigFile, Namespace
@@ -24,8 +23,8 @@ from lightning.pytorch.callbacks import (
     RichModelSummary,
     RichProgressBar,
 )
-from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
-from lightning.pytorch.utilities.exceptions import SIGTERMException
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.utilities.exceptions import MisconfigurationException, SIGTERMException
 
 # Importing these makes their short class names (`class_path: SimpleCNN`) resolvable in configs.
 import project.callbacks  # noqa: F401
@@ -42,9 +41,10 @@ from project.callbacks import (
 )
 from project.data import ImageDataModule
 from project.errors import UserError, find_user_error
-from project.io import atomic_write_text
 from project.lit import ImageClassifier
+from project.run import interrupts
 from project.run.lightning_private import LightningCLIWithHooks
+from project.run.provenance import LoggerSaveConfigCallback
 from project.run.reliable_run import ReliableRunMixin
 from project.run.run_folder import DEFAULT_ROOT_DIR, release_run_folders
 from project.run.wandb_logger import finish_runs
@@ -52,8 +52,9 @@ from project.run.wandb_logger import finish_runs
 SEED = 42
 
 # Noise a user cannot act on: an advert printed on every run, and a deprecation inside Lightning itself.
+NOISE = ("💡 Tip", "Loading `train_dataloader` to estimate number of stepping batches")
 for _handler in logging.getLogger("lightning.pytorch").handlers:
-    _handler.addFilter(lambda record: not record.getMessage().startswith("💡 Tip"))
+    _handler.addFilter(lambda record: not record.getMessage().startswith(NOISE))
 warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)")
 warnings.filterwarnings(
     "ignore", message=r"(?s).*was deprecated in v4\.49\.0"
@@ -107,24 +108,6 @@ def add_project_arguments(parser: LightningArgumentParser) -> None:
     parser.link_arguments("data.input_shape", "model.input_shape", apply_on="instantiate")
 
 
-class LoggerSaveConfigCallback(SaveConfigCallback):
-    """Saves the resolved config next to the run (config.yaml, atomically) and records it in every logger (W&B's
-    run config)."""
-
-    def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
-        if not self.already_saved:
-            log_dir = trainer.log_dir  # a collective (broadcast from rank 0): every rank asks
-            if trainer.is_global_zero:
-                text = self.parser.dump(self.config, skip_none=False)
-                atomic_write_text(Path(log_dir) / self.config_filename, text)
-        super().setup(trainer, pl_module, stage)  # save_to_log_dir=False: the loggers' copy only
-
-    def save_config(self, trainer: Any, pl_module: Any, stage: str) -> None:
-        config = self.config.as_dict()
-        for logger in trainer.loggers:
-            logger.log_hyperparams(config)
-
-
 class ProjectCLI(ReliableRunMixin, LightningCLIWithHooks):
     """LightningCLI with the template's defaults: links data -> model, default callbacks and loggers."""
 
@@ -168,6 +151,8 @@ class ProjectCLI(ReliableRunMixin, LightningCLIWithHooks):
         if trainer_config.get("enable_model_summary") is False:
             drop += (ModelSummary,)
         callbacks = [c for c in callbacks if not isinstance(c, drop)]
+        if any(isinstance(c, ModelSummary) for c in callbacks):
+            trainer_config["enable_model_summary"] = False  # ours is there: Lightning need not add its own
         # Derives the per-device batch from data.global_batch_size and prints the effective batch size (rank 0).
         callbacks.append(EffectiveBatchSize())
         return super().configure_trainer(trainer_config, callbacks)
@@ -218,12 +203,18 @@ def main(args: list[str] | None = None) -> None:
         # args=None lets LightningCLI read sys.argv itself (passing both makes it warn).
         ProjectCLI(args=args)
         finish_runs(0)
-    except SIGTERMException:  # preemption: Lightning stopped after a batch; BestAndLastCheckpoint saved it
-        finish_runs(128 + signal.SIGTERM)
+    except SIGTERMException:  # preemption or Ctrl-C: stopped after a batch; BestAndLastCheckpoint saved it
+        code = 128 + (signal.SIGINT if interrupts.stopped_by.startswith("Ctrl-C") else signal.SIGTERM)
+        finish_runs(code)
         print(
-            "error: stopped by SIGTERM; resume with the same command plus --ckpt_path last", file=sys.stderr
+            f"error: stopped by {interrupts.stopped_by}; resume with the same command plus --ckpt_path last",
+            file=sys.stderr,
         )
-        sys.exit(128 + signal.SIGTERM)
+        sys.exit(code)
+    except MisconfigurationException as exc:  # Lightning's word for settings it refuses: each names its key
+        finish_runs(1)
+        print(f"error: trainer: {str(exc).strip().splitlines()[0]}", file=sys.stderr)
+        sys.exit(1)
     except Exception as exc:
         user_error = find_user_error(exc)
         if user_error is None:

@@ -14,6 +14,16 @@ import sys
 class UserError(Exception):
     """Bad input from the user, reported as one clear line."""
 
+    def __str__(self) -> str:
+        # Raised in a DataLoader worker, it is raised again in the main process with the worker's whole
+        # traceback as its message ("Caught UserError in DataLoader worker process 0. Original Traceback ...");
+        # its last line is the message.
+        text = super().__str__()
+        if "Original Traceback" in text:
+            last = [line for line in text.strip().splitlines() if line.strip()][-1]
+            text = last.split(": ", 1)[1] if ": " in last else last
+        return text
+
 
 def find_user_error(exc: BaseException | None) -> UserError | None:
     """The UserError behind `exc`, if any: jsonargparse and DataLoader workers wrap the errors they catch."""

@@ -11,7 +11,7 @@ truncated target.
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -71,13 +71,16 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
 
 
 @contextmanager
-def staged_outputs(output_dir: str | os.PathLike, last: tuple[str, ...] = (".json",)) -> Iterator[Path]:
+def staged_outputs(
+    output_dir: str | os.PathLike, last: tuple[str, ...] = (".json",), replaces: Iterable[str] = ()
+) -> Iterator[Path]:
     """Yield a hidden staging folder inside `output_dir`; its files move into `output_dir` only on success.
 
     Files are written and verified in the staging folder, fsync'ed, then renamed into place. Files whose
-    names end with one of `last` move last, so a metadata JSON never names a model that is not there yet. On
-    any exception nothing is moved, the staging folder is deleted, and an `output_dir` this call created is
-    removed again.
+    names end with one of `last` move last, so a metadata JSON never names a model that is not there yet; the
+    files named in `replaces` that were not written this time are removed (an earlier set of outputs is
+    replaced whole). On any exception nothing is moved, the staging folder is deleted, and an `output_dir`
+    this call created is removed again.
     """
     output_dir = Path(output_dir)
     created = not output_dir.exists()
@@ -90,6 +93,8 @@ def staged_outputs(output_dir: str | os.PathLike, last: tuple[str, ...] = (".jso
             _fsync_file(file)
         for file in files:
             os.replace(file, output_dir / file.name)
+        for name in set(replaces) - {file.name for file in files}:
+            (output_dir / name).unlink(missing_ok=True)
         fsync_folder(output_dir)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)

@@ -81,3 +81,26 @@ def make_image_folder(
         (root / "c0" / "notes.txt").write_text("not an image")
         (root / "c0" / "broken.jpg").write_bytes(b"\xff\xd8\xff\xe0 this is not really a jpeg")
     return root
+
+
+def bomb_png(width: int = 20_000, height: int = 20_000) -> bytes:
+    """A PNG of about a hundred bytes whose header declares `width` x `height` 8-bit RGB pixels: a
+    decompression bomb (gigabytes once decoded; here the data is not even there)."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return (
+            struct.pack(">I", len(data))
+            + kind
+            + data
+            + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+        )
+
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", header)
+        + chunk(b"IDAT", zlib.compress(b"\0" * 64))
+        + chunk(b"IEND", b"")
+    )

@@ -266,6 +266,7 @@ def test_online_wandb_without_network_trains_offline_with_a_warning(fake_cifar, 
     monkeypatch.setenv("WANDB_MODE", "online")
     monkeypatch.setenv("WANDB_BASE_URL", f"http://127.0.0.1:{closed_port()}")
     monkeypatch.setenv("WANDB_API_KEY", "x" * 40)
+    monkeypatch.setenv("PYTHONWARNINGS", "ignore")  # common in ML shells: the notice must show all the same
     args = cifar_args(fake_cifar, tmp_path / "logs", "--config", CONFIGS / "logger" / "wandb_online.yaml")
     proc = run_cli("fit", *args, cwd=tmp_path, timeout=240)
     assert "W&B online logging is not possible: cannot reach http://127.0.0.1" in proc.stderr

@@ -1,6 +1,7 @@
 """Debug presets (configs/debug/*.yaml): each runs on the CPU stacked on cifar10.yaml, and finds what it is for."""
 
 import pickle
+import re
 from pathlib import Path
 
 import pytest
@@ -121,8 +122,9 @@ def test_anomaly_runs_a_few_steps(fake_cifar, tmp_path):
 def test_profile_writes_traces_and_a_table(fake_cifar, tmp_path, capsys):
     schedule = ["--trainer.profiler.init_args.wait", "1", "--trainer.profiler.init_args.warmup", "1"]
     cli = run(
-        "profile.yaml", fake_cifar, tmp_path, *SHORT, *schedule, "--trainer.profiler.init_args.active", "2"
-    )
+        "profile.yaml", fake_cifar, tmp_path, *SHORT, *schedule, "--trainer.profiler.init_args.active", "2",
+        "--trainer.limit_val_batches", "1",  # a validation shorter than the schedule does not end the recording
+    )  # fmt: skip
     assert cli.trainer.global_step == 4
     folder = newest_run(tmp_path) / "profiler"  # in the run's log directory
     (trace,) = folder.glob("*training_step*.pt.trace.json")
@@ -130,7 +132,9 @@ def test_profile_writes_traces_and_a_table(fake_cifar, tmp_path, capsys):
     steps = {e["name"] for e in events if e.get("name", "").startswith("ProfilerStep#")}
     assert len(steps) >= 2  # the two active steps (and the end of the warm-up one)
     assert "[pl][module]project.models.mlp.MLP: net" in {e.get("name") for e in events}
-    assert "FIT Profiler Report" in (folder / "fit-profile.txt").read_text()
+    table = (folder / "fit-profile.txt").read_text()
+    assert "FIT Profiler Report" in table
+    assert re.search(r"ProfilerStep\*.* 2 *\n", table), table[:2000]  # the two recorded training steps
     out = capsys.readouterr().out
     assert f"in {folder} (open one at https://ui.perfetto.dev)" in out
 

@@ -1,5 +1,6 @@
 """Precision presets: bf16-mixed trains and resumes on the CPU; 16-mixed's GradScaler state survives a resume."""
 
+import warnings
 from pathlib import Path
 
 import lightning as L
@@ -60,10 +61,14 @@ def test_bf16_preset_trains_and_resumes_on_cpu(cifar, tmp_path):
     )
 
 
-def test_fp16_preset_falls_back_to_bf16_on_cpu(tmp_path):
+def test_fp16_preset_trains_in_32_bit_on_a_cpu_with_one_notice(tmp_path, capsys):
+    # Lightning would fall back to bf16, which CPUs without native bf16 emulate slowly; and say so in a warning.
     args = ["--config", str(CONFIGS / "cifar10.yaml"), "--config", str(CONFIGS / "trainer" / "fp16.yaml")]
-    cli = ProjectCLI(args=[*args, "--trainer.accelerator", "cpu", "--trainer.logger", "false"], run=False)
-    assert cli.trainer.precision == "bf16-mixed"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no Python warning about it, only the notice
+        cli = ProjectCLI(args=[*args, "--trainer.accelerator", "cpu", "--trainer.logger", "false"], run=False)
+    assert cli.trainer.precision == "32-true"
+    assert capsys.readouterr().err.count("warning: trainer.precision 16-mixed needs a CUDA GPU") == 1
     cli = ProjectCLI(
         args=[*args, "--config", str(CONFIGS / "trainer" / "fp32.yaml"), "--trainer.logger", "false"],
         run=False,

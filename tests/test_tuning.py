@@ -73,7 +73,7 @@ def test_lr_finder_prints_a_finite_suggestion_and_saves_and_logs_its_plot(fake_c
         assert float(next(csv.DictReader(f))["tuning/lr_suggestion"]) == pytest.approx(lr)
     (wandb_run,) = (tmp_path / "wandb").glob("offline-run-*")
     assert len(list(wandb_run.glob("files/media/images/tuning/lr_find_*.png"))) == 1
-    assert read_run(wandb_run)["summary"]["tuning/lr_suggestion"] == pytest.approx(lr)
+    assert read_run(wandb_run, finished=True)["summary"]["tuning/lr_suggestion"] == pytest.approx(lr)
     # A tuning-only run: the model was restored and not trained, no checkpoint written.
     assert cli.trainer.global_step == 0 and not list(tmp_path.rglob("*.ckpt"))
 

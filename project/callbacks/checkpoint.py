@@ -7,6 +7,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
+from project.run import interrupts
 from project.run import lightning_private as private
 
 
@@ -17,7 +18,8 @@ class BestAndLastCheckpoint(ModelCheckpoint):
     epoch that does not improve the metric, `last.ckpt` still holds an older state and resuming from it
     silently repeats epochs. This subclass writes `last.ckpt` at every save point, every
     `last_every_n_train_steps` optimizer steps within an epoch (so a kill loses at most that many steps),
-    and when the run is stopped by SIGTERM (preemption: Lightning stops after the current batch).
+    and when the run is stopped by SIGTERM (preemption: Lightning stops after the current batch; a first Ctrl-C
+    is turned into one by project.run.interrupts).
 
     Args:
         last_every_n_train_steps: Also refresh `last.ckpt` every this many optimizer steps (0: only at the
@@ -51,6 +53,11 @@ class BestAndLastCheckpoint(ModelCheckpoint):
             private.set_last_saved_step(self, saved_before)
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self.monitor and self.monitor not in trainer.callback_metrics:
+            # No validation has run yet (a run stopped within its first epoch): there is nothing to rank, and
+            # ModelCheckpoint would only warn that the monitored metric is missing. last.ckpt still is written.
+            self._refresh_last(trainer)
+            return
         super().on_train_epoch_end(trainer, pl_module)
         if private.saves_on_train_epoch_end(self, trainer):
             self._refresh_last(trainer)
@@ -76,4 +83,6 @@ class BestAndLastCheckpoint(ModelCheckpoint):
         # SIGTERM that arrived after this step's on_train_batch_end: the state is still between two batches.
         if self._last_refreshed_step != trainer.global_step:
             self._refresh_last(trainer)
-        rank_zero_info(f"SIGTERM: the state at step {trainer.global_step} is in {self.last_model_path}")
+        rank_zero_info(
+            f"{interrupts.stopped_by}: the state at step {trainer.global_step} is in {self.last_model_path}"
+        )

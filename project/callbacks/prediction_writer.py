@@ -1,11 +1,13 @@
 """`PredictionWriter`: `predict` results to a CSV, one row per input."""
 
+import contextlib
 import csv
-import os
 from pathlib import Path
 
 import lightning as L
 from lightning.pytorch.callbacks import BasePredictionWriter
+
+from project.io import atomic_path
 
 
 class PredictionWriter(BasePredictionWriter):
@@ -23,7 +25,9 @@ class PredictionWriter(BasePredictionWriter):
     def __init__(self, output_path: str | None = None) -> None:
         super().__init__(write_interval="batch")
         self.output_path = output_path
-        self._file = None
+        self._open: contextlib.ExitStack | None = (
+            None  # the CSV being written (renamed into place at the end)
+        )
         self._writer = None
         self.path: Path | None = None
 
@@ -35,11 +39,10 @@ class PredictionWriter(BasePredictionWriter):
         )
         if trainer.world_size > 1:
             path = path.with_name(f"{path.stem}-rank{trainer.global_rank}{path.suffix}")
-        path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
-        self._tmp = path.with_name(f".{path.name}.tmp")  # renamed into place when prediction completes
-        self._file = open(self._tmp, "w", newline="")  # noqa: SIM115 - closed in on_predict_end
-        self._writer = csv.writer(self._file)
+        self._open = contextlib.ExitStack()
+        tmp = self._open.enter_context(atomic_path(path))
+        self._writer = csv.writer(self._open.enter_context(open(tmp, "w", newline="")))  # noqa: SIM115 - spans hooks
         self._writer.writerow(["input", "class_index", "class_name", "probability"])
 
     def write_on_batch_end(
@@ -54,16 +57,14 @@ class PredictionWriter(BasePredictionWriter):
             self._writer.writerow([name, pred, class_names[pred], f"{prob:.6f}"])
 
     def on_predict_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if self._file is not None:
-            self._file.close()
-            self._file = None
-            os.replace(self._tmp, self.path)
+        if self._open is not None:
+            self._open, stack = None, self._open
+            stack.close()  # closes the file, then moves it into place
             print(f"Predictions written to {self.path}")
 
     def on_exception(
         self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException
     ) -> None:
-        if self._file is not None:  # never leave a half-written CSV behind
-            self._file.close()
-            self._file = None
-            self._tmp.unlink(missing_ok=True)
+        if self._open is not None:  # never leave a half-written CSV behind
+            self._open, stack = None, self._open
+            stack.__exit__(type(exception), exception, exception.__traceback__)

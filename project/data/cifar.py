@@ -1,5 +1,6 @@
 """`CIFARDataModule`: CIFAR-10/100 held in memory as one uint8 tensor."""
 
+import contextlib
 from pathlib import Path
 from typing import Any, Literal
 
@@ -92,10 +93,19 @@ class CIFARDataModule(ImageDataModule):
         # Lightning calls this on one process per node: the only place that downloads.
         if not self.download:
             return
+        created = [p for p in (self.data_dir, *self.data_dir.parents) if not p.exists()]
+        archive = self.data_dir / self.archive
+        had_archive = archive.exists()
         for train in (True, False):
             try:
                 self.dataset_cls(self.data_dir, train=train, download=True)
             except Exception as e:  # URLError, timeouts, checksum failures
+                # Leave nothing behind: no half-downloaded archive, no empty data folder.
+                if not had_archive:
+                    archive.unlink(missing_ok=True)
+                for folder in created:
+                    with contextlib.suppress(OSError):
+                        folder.rmdir()  # only if empty
                 raise UserError(self._missing_message(f"download failed ({type(e).__name__}: {e})")) from None
 
     def _load(self, train: bool) -> tuple[torch.Tensor, torch.Tensor]:

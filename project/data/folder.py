@@ -1,28 +1,24 @@
 """`ImageFolderDataModule`: custom datasets laid out as one folder per class."""
 
-import hashlib
-import json
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from lightning.pytorch.utilities import rank_zero_warn
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import Dataset
 
 from project.data.datamodule import ImageDataModule, available_cpus
-from project.data.image_cache import ImageCache, channel_mean_std, default_cache_dir, drop_bad
+from project.data.image_cache import ImageCache, default_cache_dir, drop_bad, sampled_mean_std
 from project.data.images import (
+    MAX_IMAGE_PIXELS,
     ClassFolders,
-    DecodeAll,
     ImageFileDataset,
     check_image,
     list_images,
     scan_class_folders,
 )
-from project.data.tensor_dataset import TensorImageDataset, keep_as_is
+from project.data.tensor_dataset import TensorImageDataset
 from project.errors import UserError
-from project.io import atomic_write_text
 
 
 class ImageFolderDataModule(ImageDataModule):
@@ -46,6 +42,8 @@ class ImageFolderDataModule(ImageDataModule):
         cache: Decode once into the memory-mapped cache (fast) instead of every epoch.
         cache_dir: Where the cache lives. Default: `$XDG_CACHE_HOME/project/images` (`~/.cache/...`).
         skip_corrupt: Leave unreadable image files out with a warning instead of stopping with an error.
+        max_image_pixels: Largest width x height decoded; a larger image (a decompression bomb, say) counts as
+            unreadable.
         mean: Per-channel mean in [0, 1]; default: computed once over the training images (and cached).
         std: Per-channel std in [0, 1]; default: computed with the mean.
         predict_root: A folder of unlabeled images (any depth) for `predict`; default `root/test` if it
@@ -62,6 +60,7 @@ class ImageFolderDataModule(ImageDataModule):
         cache: bool = True,
         cache_dir: str | None = None,
         skip_corrupt: bool = False,
+        max_image_pixels: int = MAX_IMAGE_PIXELS,
         mean: tuple[float, float, float] | None = None,
         std: tuple[float, float, float] | None = None,
         predict_root: str | None = None,
@@ -78,6 +77,7 @@ class ImageFolderDataModule(ImageDataModule):
         self.cache = cache
         self.cache_dir = Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
         self.skip_corrupt = skip_corrupt
+        self.max_image_pixels = max_image_pixels
         self.predict_root = Path(predict_root).expanduser() if predict_root else None
         split_layout = (self.root / "train").is_dir()
         train_dir = self.root / "train" if split_layout else self.root
@@ -118,7 +118,12 @@ class ImageFolderDataModule(ImageDataModule):
         if split not in self._caches:
             scan = self._scan(split)
             self._caches[split] = ImageCache.load_or_build(
-                scan.files, self.image_size, self.cache_dir, self._workers(), scan.stamps
+                scan.files,
+                self.image_size,
+                self.cache_dir,
+                self._workers(),
+                scan.stamps,
+                self.max_image_pixels,
             )
         return self._caches[split]
 
@@ -131,9 +136,11 @@ class ImageFolderDataModule(ImageDataModule):
             keep = drop_bad(indices, cached.bad, files, self.skip_corrupt)
             return TensorImageDataset(cached.images, labels, keep)
         if self.skip_corrupt:
-            bad = {i: reason for i in indices if (reason := check_image(files[i]))}
+            bad = {i: reason for i in indices if (reason := check_image(files[i], self.max_image_pixels))}
             indices = drop_bad(indices, bad, files, skip_corrupt=True)
-        return ImageFileDataset([files[i] for i in indices], [labels[i] for i in indices], self.image_size)
+        return ImageFileDataset(
+            [files[i] for i in indices], [labels[i] for i in indices], self.image_size, self.max_image_pixels
+        )
 
     def _split(self) -> tuple[list[int], list[int]]:
         """Stratified, seeded split of the training folder: (train indices, val indices)."""
@@ -169,37 +176,13 @@ class ImageFolderDataModule(ImageDataModule):
                     raise UserError(f"prediction folder {folder} contains no images")
             else:
                 files = [self.train_files[i] for i in self._split()[1]]
-            self.predict_set = ImageFileDataset(files, None, self.image_size)
+            self.predict_set = ImageFileDataset(files, None, self.image_size, self.max_image_pixels)
             self.predict_names = [str(f) for f in files]
 
     def _train_stats(self) -> tuple[tuple[float, ...], tuple[float, ...]]:
         ds = self.train_set
         if isinstance(ds, TensorImageDataset):
             return self._cache("train").mean_std(ds.indices)
-        # Per-image decoding: estimate from a fixed sample of up to 2,000 training images, cached by file list.
-        files = [
-            ds.files[i] for i in torch.randperm(len(ds), generator=torch.Generator().manual_seed(0))[:2000]
-        ]
-        key = hashlib.sha256(
-            "\n".join(map(str, sorted(files))).encode() + str(self.image_size).encode()
-        ).hexdigest()[:24]
-        path = self.cache_dir / f"stats-{key}.json"
-        if path.exists():
-            stats = json.loads(path.read_text())
-            return tuple(stats["mean"]), tuple(stats["std"])
-        loader = DataLoader(
-            DecodeAll(files, self.image_size),
-            batch_size=64,
-            num_workers=self._workers(),
-            collate_fn=keep_as_is,
+        return sampled_mean_std(
+            ds.files, self.image_size, self.cache_dir, self._workers(), self.max_image_pixels
         )
-        images = (
-            torch.from_numpy(np.stack([image for _, image, _ in batch if image is not None])).permute(
-                0, 3, 1, 2
-            )
-            for batch in loader
-            if any(image is not None for _, image, _ in batch)
-        )
-        mean, std = channel_mean_std(images)
-        atomic_write_text(path, json.dumps({"mean": mean, "std": std}))
-        return mean, std

@@ -19,7 +19,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader
 
-from project.data.images import DecodeAll
+from project.data.images import MAX_IMAGE_PIXELS, DecodeAll
 from project.data.tensor_dataset import keep_as_is
 from project.errors import UserError, warn
 from project.io import atomic_path, atomic_write_text, check_writable
@@ -40,8 +40,10 @@ def file_stamps(files: Sequence[str | Path]) -> list[tuple[int, int]]:
     return [(st.st_size, st.st_mtime_ns) for st in (f.stat() for f in files)]
 
 
-def cache_key(files: Sequence[str | Path], stamps: list[tuple[int, int]], size: int) -> str:
-    h = hashlib.sha256(f"v{CACHE_VERSION}:{size}".encode())
+def cache_key(
+    files: Sequence[str | Path], stamps: list[tuple[int, int]], size: int, max_pixels: int = MAX_IMAGE_PIXELS
+) -> str:
+    h = hashlib.sha256(f"v{CACHE_VERSION}:{size}:{max_pixels}".encode())
     h.update("".join(f"\n{f}|{s}|{m}" for f, (s, m) in zip(files, stamps, strict=True)).encode())
     return h.hexdigest()[:24]
 
@@ -60,6 +62,35 @@ def channel_mean_std(chunks: Iterable[torch.Tensor]) -> tuple[tuple[float, ...],
     mean = total / n
     std = (total_sq / n - mean**2).clamp_min(1e-12).sqrt()
     return tuple(mean.tolist()), tuple(std.tolist())
+
+
+def sampled_mean_std(
+    files: Sequence[str | Path],
+    size: int,
+    cache_dir: Path,
+    num_workers: int,
+    max_pixels: int = MAX_IMAGE_PIXELS,
+) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Mean and std estimated from a fixed sample of up to 2,000 of `files`, decoded at `size` (for datasets
+    decoded per image, without the cache), kept in `cache_dir` under the sample's file list."""
+    sample = [files[i] for i in torch.randperm(len(files), generator=torch.Generator().manual_seed(0))[:2000]]
+    key = hashlib.sha256("\n".join(map(str, sorted(sample))).encode() + f"{size}".encode()).hexdigest()[:24]
+    path = cache_dir / f"stats-{key}.json"
+    if path.exists():
+        stats = json.loads(path.read_text())
+        return tuple(stats["mean"]), tuple(stats["std"])
+    loader = DataLoader(
+        DecodeAll(sample, size, max_pixels), batch_size=64, num_workers=num_workers, collate_fn=keep_as_is
+    )
+    images = (
+        torch.from_numpy(np.stack([image for _, image, _ in batch if image is not None])).permute(0, 3, 1, 2)
+        for batch in loader
+        if any(image is not None for _, image, _ in batch)
+    )
+    mean, std = channel_mean_std(images)
+    with contextlib.suppress(OSError):  # a read-only cache: estimated again next time
+        atomic_write_text(path, json.dumps({"mean": mean, "std": std}))
+    return mean, std
 
 
 def _chunk_crcs(path: Path, chunks: Iterable[int] | None = None) -> dict[int, int]:
@@ -112,13 +143,14 @@ class ImageCache:
         cache_dir: Path,
         num_workers: int = 0,
         stamps: list[tuple[int, int]] | None = None,
+        max_pixels: int = MAX_IMAGE_PIXELS,
     ) -> "ImageCache":
         """The cache of `files` at `size` in `cache_dir`: loaded when complete and intact, else (re)built.
 
         `stamps` are the files' (size, mtime) from the scan that found them; stat'ed here when not given.
         """
         stamps = file_stamps(files) if stamps is None else stamps
-        key = cache_key(files, stamps, size)
+        key = cache_key(files, stamps, size, max_pixels)
         array_path, meta_path = cache_dir / f"{key}.npy", cache_dir / f"{key}.json"
         shape = (len(files), 3, size, size)
         if meta_path.exists():  # the JSON is written last: it marks a complete cache
@@ -134,11 +166,17 @@ class ImageCache:
         check_writable(
             cache_dir, "data.cache_dir", hint="or decode images in the loader with --data.cache false"
         )
-        return cls._build(files, size, array_path, meta_path, num_workers)
+        return cls._build(files, size, array_path, meta_path, num_workers, max_pixels)
 
     @classmethod
     def _build(
-        cls, files: Sequence[str | Path], size: int, array_path: Path, meta_path: Path, num_workers: int
+        cls,
+        files: Sequence[str | Path],
+        size: int,
+        array_path: Path,
+        meta_path: Path,
+        num_workers: int,
+        max_pixels: int,
     ) -> "ImageCache":
         rank_zero_info(
             f"Decoding {len(files)} images at {size}x{size} into the cache {array_path} (once) ..."
@@ -147,7 +185,10 @@ class ImageCache:
         with atomic_path(array_path) as tmp:
             out = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.uint8, shape=(len(files), 3, size, size))
             loader = DataLoader(
-                DecodeAll(files, size), batch_size=256, num_workers=num_workers, collate_fn=keep_as_is
+                DecodeAll(files, size, max_pixels),
+                batch_size=256,
+                num_workers=num_workers,
+                collate_fn=keep_as_is,
             )
             for batch in loader:
                 for i, image, error in batch:

@@ -1,9 +1,11 @@
 """Finding and decoding image files: class-folder scans, any size and mode in, fixed-size RGB out."""
 
 import os
+import re
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
-from typing import NamedTuple
+from typing import IO, NamedTuple
 
 import numpy as np
 import torch
@@ -86,16 +88,52 @@ def scan_class_folders(folder: Path, classes: list[str] | None = None) -> ClassF
     return scan
 
 
+#: Largest width x height decoded by default: a 40-megapixel photo passes, a decompression bomb (a few KB
+#: of PNG that declare 20000 x 20000 pixels, gigabytes once decoded) does not.
+MAX_IMAGE_PIXELS = 40_000_000
+
+
+class ImageTooLarge(ValueError):
+    """An image that declares more pixels than the limit: refused before it is decoded."""
+
+
 BAD_IMAGE_ERRORS = (UnidentifiedImageError, OSError, ValueError, SyntaxError)
 
 
-def decode_image(path: Path, size: int) -> np.ndarray:
+def open_image(source: str | Path | IO[bytes], max_pixels: int = MAX_IMAGE_PIXELS) -> Image.Image:
+    """`PIL.Image.open` (which reads the header only) with the decompression-bomb guard every reader of images
+    in the template goes through: training, prediction, ONNX prediction and serving.
+
+    Raises ImageTooLarge (one of BAD_IMAGE_ERRORS) naming the pixel count when the image declares more than
+    `max_pixels`. PIL's own guard raises `DecompressionBombError`, which is no OSError, above twice its
+    `MAX_IMAGE_PIXELS`, and only warns below that; both become ImageTooLarge here.
+    """
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # judged below, against max_pixels
+        try:
+            image = Image.open(source)
+        except Image.DecompressionBombError as e:
+            declared = re.search(r"\((\d+) pixels\)", str(e))
+            pixels = f"{int(declared.group(1)):,} pixels" if declared else "more pixels than PIL allows"
+            raise ImageTooLarge(
+                f"the image declares {pixels}, more than the limit of {max_pixels:,}"
+            ) from None
+    width, height = image.size
+    if width * height > max_pixels:
+        image.close()
+        raise ImageTooLarge(
+            f"the image declares {width}x{height} = {width * height:,} pixels, more than the limit of {max_pixels:,}"
+        )
+    return image
+
+
+def decode_image(path: str | Path | IO[bytes], size: int, max_pixels: int = MAX_IMAGE_PIXELS) -> np.ndarray:
     """Decode any image as RGB, resize its shorter side to `size` and centre-crop: (size, size, 3) uint8.
 
     Grayscale, RGBA and palette images are converted (alpha is dropped). Raises one of BAD_IMAGE_ERRORS
-    for a file that is not a readable image (corrupt, truncated, empty).
+    for a file that is not a readable image (corrupt, truncated, empty, or a decompression bomb).
     """
-    with Image.open(path) as im:
+    with open_image(path, max_pixels) as im:
         im.draft("RGB", (size, size))  # JPEG: decode at a reduced scale directly, much faster
         if im.mode.startswith("I") or im.mode == "F":
             im = _high_depth_to_8bit(im)  # PIL's convert("RGB") would clip 16-bit grayscale to white
@@ -121,18 +159,18 @@ def _high_depth_to_8bit(im: Image.Image) -> Image.Image:
     return Image.fromarray(np.clip(np.nan_to_num(np.rint(a)), 0, 255).astype(np.uint8), "L")
 
 
-def load_image(path: Path, size: int) -> np.ndarray:
+def load_image(path: Path, size: int, max_pixels: int = MAX_IMAGE_PIXELS) -> np.ndarray:
     """`decode_image`, with a UserError naming the file when it cannot be read."""
     try:
-        return decode_image(path, size)
+        return decode_image(path, size, max_pixels)
     except BAD_IMAGE_ERRORS as e:
         raise UserError(f"cannot read image {path}: {e or type(e).__name__}") from None
 
 
-def check_image(path: Path) -> str | None:
+def check_image(path: Path, max_pixels: int = MAX_IMAGE_PIXELS) -> str | None:
     """Cheap header check (no full decode): the reason `path` is not an image, or None."""
     try:
-        with Image.open(path) as im:
+        with open_image(path, max_pixels) as im:
             im.verify()
         return None
     except Exception as e:  # PIL raises many types for bad files
@@ -146,28 +184,43 @@ class ImageFileDataset(Dataset):
     is None (prediction).
     """
 
-    def __init__(self, files: Sequence[str | Path], labels: list[int] | None, size: int) -> None:
-        self.files, self.labels, self.size = [Path(f) for f in files], labels, size
+    def __init__(
+        self,
+        files: Sequence[str | Path],
+        labels: list[int] | None,
+        size: int,
+        max_pixels: int = MAX_IMAGE_PIXELS,
+    ) -> None:
+        self.files, self.labels, self.size, self.max_pixels = (
+            [Path(f) for f in files],
+            labels,
+            size,
+            max_pixels,
+        )
 
     def __len__(self) -> int:
         return len(self.files)
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
-        image = torch.from_numpy(load_image(self.files[i], self.size)).permute(2, 0, 1).contiguous()
+        image = (
+            torch.from_numpy(load_image(self.files[i], self.size, self.max_pixels))
+            .permute(2, 0, 1)
+            .contiguous()
+        )
         return image, (self.labels[i] if self.labels is not None else i)
 
 
 class DecodeAll(Dataset):
     """Decodes image i into (i, array or None, error or None): never raises, so one pass finds every bad file."""
 
-    def __init__(self, files: Sequence[str | Path], size: int) -> None:
-        self.files, self.size = files, size
+    def __init__(self, files: Sequence[str | Path], size: int, max_pixels: int = MAX_IMAGE_PIXELS) -> None:
+        self.files, self.size, self.max_pixels = files, size, max_pixels
 
     def __len__(self) -> int:
         return len(self.files)
 
     def __getitem__(self, i: int) -> tuple[int, np.ndarray | None, str | None]:
         try:
-            return i, decode_image(self.files[i], self.size), None
+            return i, decode_image(self.files[i], self.size, self.max_pixels), None
         except BAD_IMAGE_ERRORS as e:
             return i, None, str(e) or type(e).__name__

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import FSDPModule, fully_shard
+from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel, fully_shard
 from torchvision.models.convnext import CNBlock
 from torchvision.models.efficientnet import FusedMBConv, MBConv
 from torchvision.models.mobilenetv2 import InvertedResidual as InvertedResidualV2
@@ -20,6 +20,8 @@ from torchvision.models.regnet import ResBottleneckBlock
 from torchvision.models.resnet import BasicBlock, Bottleneck
 from torchvision.models.swin_transformer import SwinTransformerBlock, SwinTransformerBlockV2
 from torchvision.models.vision_transformer import EncoderBlock
+
+from project.errors import UserError
 
 #: The residual blocks of the template's and torchvision's networks: each becomes one FSDP2 unit.
 BLOCK_TYPES: tuple[type[nn.Module], ...] = (
@@ -75,3 +77,29 @@ def shard_network(net: nn.Module, mesh: DeviceMesh, reshard_after_forward: bool 
         fully_shard(unit, mesh=mesh, reshard_after_forward=reshard_after_forward)
     fully_shard(net, mesh=mesh, reshard_after_forward=False)
     return net
+
+
+def shard_for_device_mesh(net: nn.Module, mesh: DeviceMesh | None, strategy: object) -> None:
+    """`LightningModule.configure_model` under FSDP2: shard `net` over the data-parallel dimension of the mesh
+    ModelParallelStrategy sets (configs/trainer/fsdp2*.yaml); without a mesh (any other strategy), nothing."""
+    if mesh is None:
+        return
+    names = mesh.mesh_dim_names or ()
+    if "tensor_parallel" in names and mesh["tensor_parallel"].size() > 1:
+        raise UserError(
+            "ImageClassifier shards data-parallel only (FSDP2); got tensor_parallel_size="
+            f"{mesh['tensor_parallel'].size()}. Use strategy project.distributed.FSDP2Strategy, or "
+            "ModelParallelStrategy with tensor_parallel_size: 1."
+        )
+    dp_mesh = mesh["data_parallel"] if "data_parallel" in names else mesh
+    shard_network(net, dp_mesh, getattr(strategy, "reshard_after_forward", True))
+
+
+def clip_fsdp_grad_norm(model: nn.Module, value: float | None, algorithm: str | None) -> bool:
+    """Norm clipping under FSDP (v1), where Lightning's FSDPStrategy refuses it: torch.nn.utils.clip_grad_norm_
+    would see only this rank's shard, FSDP's own clip_grad_norm_ reduces the norm over all shards first.
+    Returns whether it clipped (False: not FSDP v1, or no norm clipping asked for)."""
+    if value and algorithm == "norm" and isinstance(model, FullyShardedDataParallel):
+        model.clip_grad_norm_(value)
+        return True
+    return False

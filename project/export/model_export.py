@@ -19,7 +19,7 @@ from torch import nn
 from project.errors import UserError
 from project.export.runtimes import INPUT_NAME, OUTPUT_NAME, ort_session
 from project.export.trained import TrainedModel, load_trained, parse_tool_args
-from project.io import staged_outputs
+from project.io import check_writable, staged_outputs
 
 #: ONNX opset written by default: 18 is the dynamo exporter's native opset and is run by every
 #: ONNX Runtime release since 1.14, including its quantization tools.
@@ -146,6 +146,24 @@ def verify_torchscript(
 
 
 FILES = {"onnx": "model.onnx", "torchscript": "model.torchscript.pt"}
+METADATA = "model.json"
+
+
+def claim_output_dir(output_dir: str | Path, overwrite: bool, outputs: tuple[str, ...]) -> list[str]:
+    """Check that `output_dir` can take the files `outputs`; returns those of them already there.
+
+    A folder that already holds some of them (an earlier export) is refused unless `overwrite`: its model.json
+    would otherwise end up describing a mix of two checkpoints.
+    """
+    output_dir = Path(output_dir)
+    check_writable(output_dir, "output_dir")
+    present = [name for name in outputs if (output_dir / name).exists()]
+    if present and not overwrite:
+        raise UserError(
+            f"--output_dir {output_dir} already holds {', '.join(present)} from an earlier run: choose another "
+            "--output_dir, or replace them with --overwrite true"
+        )
+    return present
 
 
 def export_trained(
@@ -154,8 +172,13 @@ def export_trained(
     formats: tuple[str, ...] = ("onnx", "torchscript"),
     opset: int = DEFAULT_OPSET,
     atol: float = 1e-4,
+    overwrite: bool = False,
 ) -> dict[str, Any]:
-    """Write each format and `model.json` into `output_dir`, all or nothing; returns the JSON's content."""
+    """Write each format and `model.json` into `output_dir`, all or nothing; returns the JSON's content.
+
+    With `overwrite`, an earlier export there is replaced whole: its files of formats not written now go too.
+    """
+    present = claim_output_dir(output_dir, overwrite, (*FILES.values(), METADATA))
     net, pre = trained.net.eval(), trained.preprocessing
     meta: dict[str, Any] = {
         "preprocessing": pre.to_dict(),
@@ -181,7 +204,7 @@ def export_trained(
         },
         "files": {},
     }
-    with staged_outputs(output_dir) as staging:
+    with staged_outputs(output_dir, replaces=present) as staging:
         if "onnx" in formats:
             export_onnx(net, pre.input_shape, staging / FILES["onnx"], opset=opset)
             diff = verify_onnx(net, staging / FILES["onnx"], pre.input_shape, atol=atol)
@@ -194,7 +217,7 @@ def export_trained(
                 "method": method,
                 "max_abs_diff_vs_eager": diff,
             }
-        (staging / "model.json").write_text(json.dumps(meta, indent=2) + "\n")
+        (staging / METADATA).write_text(json.dumps(meta, indent=2) + "\n")
     return meta
 
 
@@ -205,6 +228,7 @@ def export(
     output_dir: str = "export",
     opset: int = DEFAULT_OPSET,
     atol: float = 1e-4,
+    overwrite: bool = False,
     overrides: list[str] | None = None,
 ) -> dict[str, Any]:
     """Export a trained checkpoint to ONNX and/or TorchScript, verified against the eager model.
@@ -223,14 +247,16 @@ def export(
         opset: ONNX opset version to write.
         atol: Largest accepted absolute difference between exported and eager logits; above it the
             export fails and writes nothing.
+        overwrite: Replace an earlier export in output_dir (refused otherwise).
         overrides: --model.* / --data.* flags for the config parser.
     """
+    claim_output_dir(output_dir, overwrite, (*FILES.values(), METADATA))  # before the checkpoint is read
     trained = load_trained(ckpt_path, config, overrides)
     formats = ("onnx", "torchscript") if format == "all" else (format,)
-    meta = export_trained(trained, output_dir, formats, opset=opset, atol=atol)
+    meta = export_trained(trained, output_dir, formats, opset=opset, atol=atol, overwrite=overwrite)
     for fmt, info in meta["files"].items():
         print(f"{fmt}: {Path(output_dir) / info['path']}")
-    print(f"preprocessing: {Path(output_dir) / 'model.json'}")
+    print(f"preprocessing: {Path(output_dir) / METADATA}")
     return meta
 
 

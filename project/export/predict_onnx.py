@@ -7,17 +7,17 @@ the model's JSON, so on the same inputs the top-1 matches `predict` from the che
 """
 
 import csv
-import os
 from pathlib import Path
 
 from torch.utils.data import DataLoader, Dataset
 
-from project.data.images import ImageFileDataset, list_images
+from project.data.images import MAX_IMAGE_PIXELS, ImageFileDataset, list_images
 from project.data.tensor_dataset import TensorImageDataset, keep_as_is
 from project.errors import UserError
 from project.export.preprocessing import Preprocessing, read_metadata
 from project.export.runtimes import OnnxRuntime, softmax_top1
 from project.export.trained import parse_tool_args
+from project.io import atomic_path, check_writable
 
 CIFAR_SPLITS = ("cifar10:test", "cifar10:train", "cifar100:test", "cifar100:train")
 
@@ -42,13 +42,13 @@ def _cifar(spec: str, data_dir: str, pre: Preprocessing) -> tuple[Dataset, list[
     return TensorImageDataset(images), [f"{name}/{split}/{i}" for i in range(len(images))]
 
 
-def _folder(folder: Path, pre: Preprocessing) -> tuple[Dataset, list[str]]:
+def _folder(folder: Path, pre: Preprocessing, max_pixels: int) -> tuple[Dataset, list[str]]:
     if not folder.is_dir():
         raise UserError(f"--input {folder} is neither a folder nor one of {', '.join(CIFAR_SPLITS)}")
     files = list_images(folder)
     if not files:
         raise UserError(f"--input folder {folder} contains no images")
-    return ImageFileDataset(files, None, pre.image_size), [str(f) for f in files]
+    return ImageFileDataset(files, None, pre.image_size, max_pixels), [str(f) for f in files]
 
 
 def predict_onnx(
@@ -59,6 +59,7 @@ def predict_onnx(
     data_dir: str = "data",
     num_workers: int = 0,
     threads: int | None = None,
+    max_image_pixels: int = MAX_IMAGE_PIXELS,
 ) -> Path:
     """Classify a folder of images (any size and mode) or a CIFAR split with an exported ONNX model.
 
@@ -74,31 +75,29 @@ def predict_onnx(
         data_dir: Where the CIFAR dataset is, for a CIFAR input.
         num_workers: DataLoader processes decoding image files in parallel.
         threads: ONNX Runtime intra-op threads (default: all cores).
+        max_image_pixels: Largest width x height read; a larger image (a decompression bomb) is an error.
     """
     if batch_size < 1:
         raise UserError(f"--batch_size must be at least 1, got {batch_size}")
     _, pre = read_metadata(model)
-    dataset, names = _cifar(input, data_dir, pre) if input in CIFAR_SPLITS else _folder(Path(input), pre)
+    path = Path(output)
+    check_writable(path.parent, "output", hint="before any image is classified")
+    dataset, names = (
+        _cifar(input, data_dir, pre) if input in CIFAR_SPLITS else _folder(Path(input), pre, max_image_pixels)
+    )
     batched = isinstance(dataset, TensorImageDataset)
     loader = DataLoader(
         dataset, batch_size=batch_size, num_workers=num_workers, collate_fn=keep_as_is if batched else None
     )
     runtime = OnnxRuntime(model, threads=threads)
 
-    path = Path(output)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
-        with open(tmp, "w", newline="") as f:
-            writer = csv.writer(f)
-            writer.writerow(["input", "class_index", "class_name", "probability"])
-            for images, index in loader:
-                pred, prob = softmax_top1(runtime(pre.normalize(images).numpy()))
-                for i, p, q in zip(index.tolist(), pred.tolist(), prob.tolist(), strict=True):
-                    writer.writerow([names[i], p, pre.class_names[p], f"{q:.6f}"])
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    with atomic_path(path) as tmp, open(tmp, "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["input", "class_index", "class_name", "probability"])
+        for images, index in loader:
+            pred, prob = softmax_top1(runtime(pre.normalize(images).numpy()))
+            for i, p, q in zip(index.tolist(), pred.tolist(), prob.tolist(), strict=True):
+                writer.writerow([names[i], p, pre.class_names[p], f"{q:.6f}"])
     print(f"{len(names)} predictions written to {path}")
     return path
 

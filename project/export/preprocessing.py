@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from project.data.augment import normalize
-from project.data.images import decode_image
+from project.data.images import MAX_IMAGE_PIXELS, decode_image
 from project.errors import UserError
 
 
@@ -58,13 +58,16 @@ class Preprocessing:
         """uint8 (B, C, H, W) -> float32 network input, exactly as the DataModule does it."""
         return normalize(images, torch.tensor(self.mean), torch.tensor(self.std))
 
-    def decode(self, source: str | Path | bytes) -> Tensor:
+    def decode(self, source: str | Path | bytes, max_pixels: int = MAX_IMAGE_PIXELS) -> Tensor:
         """An image file (path or raw bytes) of any size and mode -> uint8 (C, H, W) at the input size.
 
-        Raises the PIL/OS errors of `project.data.images.BAD_IMAGE_ERRORS` for data that is not an image.
+        Raises one of `project.data.images.BAD_IMAGE_ERRORS` for data that is not an image, or an image of
+        more than `max_pixels` pixels (ImageTooLarge).
         """
         file = io.BytesIO(source) if isinstance(source, bytes) else source
-        return torch.from_numpy(np.ascontiguousarray(decode_image(file, self.image_size))).permute(2, 0, 1)
+        return torch.from_numpy(
+            np.ascontiguousarray(decode_image(file, self.image_size, max_pixels))
+        ).permute(2, 0, 1)
 
     # -- the JSON beside an export ---------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:

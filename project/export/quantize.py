@@ -23,7 +23,7 @@ from project.compression.onnx_int8 import (
 )
 from project.compression.pt2e import quantize_static
 from project.errors import UserError
-from project.export.model_export import FILES, export_trained
+from project.export.model_export import FILES, METADATA, claim_output_dir, export_trained
 from project.export.preprocessing import Preprocessing
 from project.export.report import (
     VariantResult,
@@ -110,6 +110,7 @@ def quantize(
     wandb: bool = True,
     wandb_project: str = "lightning-template",
     seed: int = 0,
+    overwrite: bool = False,
     overrides: list[str] | None = None,
 ) -> list[VariantResult]:
     """Measure accuracy, latency, throughput and size of FP32 and INT8 variants of a trained checkpoint.
@@ -148,6 +149,7 @@ def quantize(
         wandb: Log the table to a W&B run in output_dir.
         wandb_project: W&B project name.
         seed: Seed of the shuffled training batches drawn for calibration (reproducible INT8 scales).
+        overwrite: Replace an earlier report and its models in output_dir (refused otherwise).
         overrides: --model.* / --data.* flags for the config parser.
     """
     for name, value in (
@@ -168,6 +170,9 @@ def quantize(
         "python -m project quantize " + shlex.join(sys.argv[2:]) if sys.argv[1:2] == ["quantize"] else ""
     )
 
+    int8_files = (DYNAMIC_FILE, STATIC_FILE, PT2E_FILE)
+    outputs = (*FILES.values(), METADATA, *int8_files, "quantization.md", "quantization.json")
+    present = claim_output_dir(output_dir, overwrite, outputs)  # before the checkpoint is read
     trained = load_trained(ckpt_path, config, overrides)
     pre, out = trained.preprocessing, Path(output_dir)
     qat_file = Path(qat_path) if qat_path else find_qat_artifact(trained.ckpt_path)
@@ -179,8 +184,8 @@ def quantize(
     torch.manual_seed(seed)
     calibration = [x for x, _ in islice(_normalised(datamodule.train_dataloader(), pre), calibration_batches)]
 
-    export_trained(trained, out, formats=("onnx",))
-    with staged_outputs(out) as staging:
+    export_trained(trained, out, formats=("onnx",), overwrite=True)  # the folder was claimed above
+    with staged_outputs(out, replaces=[name for name in present if name in int8_files]) as staging:
         quantize_dynamic_linear(out / FILES["onnx"], staging / DYNAMIC_FILE)
         used = quantize_static_int8(
             out / FILES["onnx"],

@@ -1,4 +1,5 @@
-"""Optimizer and scheduler factories from the config: what they build, and a bad setting caught at start-up.
+"""Optimizer and scheduler factories from the config: what they build, a bad setting caught at start-up, and
+the parameter groups the optimizer gets.
 
 jsonargparse turns `optimizer: {class_path: torch.optim.SGD, init_args: {lr: 0.1}}` into a partial that builds
 the optimizer once the parameters exist; a hand-written `functools.partial(cls, ...)` works the same here.
@@ -40,3 +41,25 @@ def check_optimizer(factory: Any, key: str = "model.optimizer") -> None:
         cls = built_class(factory)
         name = cls.__name__ if cls else getattr(factory, "__name__", "")
         raise UserError(f"{key} {name}: {e}") from None
+
+
+_NORM_LAYERS = (nn.modules.batchnorm._NormBase, nn.GroupNorm, nn.LayerNorm, nn.RMSNorm)
+
+
+def param_groups(model: nn.Module, decay_norm_and_bias: bool = False) -> list[dict[str, Any]]:
+    """The trainable parameters for the optimizer, biases and norm scales/offsets without weight decay
+    (decaying them only hurts: they set scale and offset, not capacity) unless `decay_norm_and_bias`."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    if decay_norm_and_bias:
+        return [{"params": params}]
+    # Found by the module that owns them rather than by shape: FSDP (v1) hands the optimizer every parameter
+    # as a flat 1-D shard.
+    exempt = {
+        id(p)
+        for m in model.modules()
+        for name, p in m.named_parameters(recurse=False)
+        if name == "bias" or isinstance(m, _NORM_LAYERS)
+    }
+    decay = [p for p in params if id(p) not in exempt]
+    no_decay = [p for p in params if id(p) in exempt]
+    return [{"params": decay}, {"params": no_decay, "weight_decay": 0.0}]

@@ -7,13 +7,11 @@ import torch
 import torch.nn.functional as F
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import Tensor, nn
-from torch.distributed.fsdp import FullyShardedDataParallel
 from torchmetrics import MaxMetric, MeanMetric, MetricCollection
 from torchmetrics.classification import MulticlassAccuracy
 
-from project.distributed.sharding import shard_network
-from project.errors import UserError
-from project.lit.factories import check_optimizer, leaves_unset
+from project.distributed.sharding import clip_fsdp_grad_norm, shard_for_device_mesh
+from project.lit.factories import check_optimizer, leaves_unset, param_groups
 
 
 class ImageClassifier(L.LightningModule):
@@ -172,21 +170,9 @@ class ImageClassifier(L.LightningModule):
         return {"index": index, "pred": pred, "prob": prob}
 
     def configure_model(self) -> None:
-        # Only ModelParallelStrategy (configs/trainer/fsdp2*.yaml) sets a device mesh and expects the module to
-        # shard itself; DDP and FSDPStrategy wrap the module on their own. Lightning builds the optimizer after
-        # this hook, so it sees the sharded parameters.
-        mesh = self.device_mesh
-        if mesh is None:
-            return
-        names = mesh.mesh_dim_names or ()
-        if "tensor_parallel" in names and mesh["tensor_parallel"].size() > 1:
-            raise UserError(
-                "ImageClassifier shards data-parallel only (FSDP2); got tensor_parallel_size="
-                f"{mesh['tensor_parallel'].size()}. Use strategy project.distributed.FSDP2Strategy, or "
-                "ModelParallelStrategy with tensor_parallel_size: 1."
-            )
-        dp_mesh = mesh["data_parallel"] if "data_parallel" in names else mesh
-        shard_network(self.net, dp_mesh, getattr(self.trainer.strategy, "reshard_after_forward", True))
+        # FSDP2 (configs/trainer/fsdp2*.yaml) shards the network here, before the optimizer is built; DDP and
+        # FSDPStrategy wrap the module on their own.
+        shard_for_device_mesh(self.net, self.device_mesh, self.trainer.strategy)
 
     def configure_gradient_clipping(
         self,
@@ -194,16 +180,9 @@ class ImageClassifier(L.LightningModule):
         gradient_clip_val: float | None = None,
         gradient_clip_algorithm: str | None = None,
     ) -> None:
-        # Lightning's FSDPStrategy rejects norm clipping: torch.nn.utils.clip_grad_norm_ would see only this
-        # rank's shard. FSDP's own clip_grad_norm_ reduces the norm over all shards first.
-        if (
-            gradient_clip_val
-            and gradient_clip_algorithm == "norm"
-            and isinstance(self.trainer.model, FullyShardedDataParallel)
-        ):
-            self.trainer.model.clip_grad_norm_(gradient_clip_val)
-            return
-        self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
+        # Under FSDPStrategy, norm clipping needs FSDP's own (each rank holds only its shard of the gradients).
+        if not clip_fsdp_grad_norm(self.trainer.model, gradient_clip_val, gradient_clip_algorithm):
+            self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
 
     def configure_optimizers(self) -> Any:
         # Parameters come from trainer.model: under FSDP that is the sharded module the optimizer must see.
@@ -211,7 +190,7 @@ class ImageClassifier(L.LightningModule):
             model = self.trainer.model
         except RuntimeError:  # not attached to a Trainer (a test building the optimizer directly)
             model = self
-        optimizer = self.optimizer(self._param_groups(model))
+        optimizer = self.optimizer(param_groups(model, self.hparams.weight_decay_norm_and_bias))
         if self.scheduler is None:
             return optimizer
         kwargs, interval = {}, self.hparams.scheduler_interval
@@ -225,22 +204,3 @@ class ImageClassifier(L.LightningModule):
             "optimizer": optimizer,
             "lr_scheduler": {"scheduler": scheduler, "interval": interval or "epoch", "name": "train/lr"},
         }
-
-    def _param_groups(self, model: nn.Module) -> list[dict[str, Any]]:
-        params = [p for p in model.parameters() if p.requires_grad]
-        if self.hparams.weight_decay_norm_and_bias:
-            return [{"params": params}]
-        # Biases and norm scales/offsets, found by the module that owns them rather than by shape: FSDP (v1)
-        # hands the optimizer every parameter as a flat 1-D shard.
-        exempt = {
-            id(p)
-            for m in model.modules()
-            for name, p in m.named_parameters(recurse=False)
-            if name == "bias" or isinstance(m, _NORM_LAYERS)
-        }
-        decay = [p for p in params if id(p) not in exempt]
-        no_decay = [p for p in params if id(p) in exempt]
-        return [{"params": decay}, {"params": no_decay, "weight_decay": 0.0}]
-
-
-_NORM_LAYERS = (nn.modules.batchnorm._NormBase, nn.GroupNorm, nn.LayerNorm, nn.RMSNorm)

@@ -12,7 +12,7 @@ from typing import Any, NoReturn
 import lightning as L
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
-from lightning.pytorch.loggers import CSVLogger
+from lightning.pytorch.loggers import CSVLogger, WandbLogger
 from lightning.pytorch.strategies import ModelParallelStrategy
 from lightning.pytorch.tuner.batch_size_scaling import _reset_dataloaders
 from lightning.pytorch.utilities.exceptions import _TunerExitException
@@ -67,6 +67,15 @@ def restore_csv_rows(logger: CSVLogger, keys: Sequence[str], rows: list[dict[str
     writer.metrics_keys = sorted(keys)
     writer.metrics = rows
     writer.save()
+
+
+# -- WandbLogger ------------------------------------------------------------------------------------------------
+
+
+def drop_wandb_init_argument(logger: WandbLogger, name: str) -> None:
+    """Leave `name` out of what the logger passes to `wandb.init` (Lightning always passes `anonymous`, which
+    wandb 0.2x answers with a deprecation notice on every run)."""
+    logger._wandb_init.pop(name, None)
 
 
 # -- ModelParallelStrategy -----------------------------------------------------------------------------------

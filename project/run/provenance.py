@@ -1,4 +1,7 @@
-"""What a run needs, beside its config, to be rerun exactly: the code, the software and the random state.
+"""What a run needs to be rerun exactly: its config, the code, the software and the random state.
+
+`LoggerSaveConfigCallback` writes the resolved config, `config.yaml`, beside the run (atomically) and records it
+in every logger (the W&B run's config).
 
 `RunInfo` writes `run_info.json` next to the run's `config.yaml` (one entry per invocation, so a resumed run
 shows every segment), saves uncommitted changes as `code-N.patch`, records the same facts in the loggers (the
@@ -25,6 +28,7 @@ import lightning as L
 import numpy as np
 import torch
 from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.cli import SaveConfigCallback
 from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
@@ -41,6 +45,24 @@ KEY_PACKAGES = (
     "numpy",
     "pillow",
 )
+
+
+class LoggerSaveConfigCallback(SaveConfigCallback):
+    """Saves the resolved config next to the run (config.yaml, atomically) and records it in every logger (W&B's
+    run config)."""
+
+    def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        if not self.already_saved:
+            log_dir = trainer.log_dir  # a collective (broadcast from rank 0): every rank asks
+            if trainer.is_global_zero:
+                text = self.parser.dump(self.config, skip_none=False)
+                atomic_write_text(Path(log_dir) / self.config_filename, text)
+        super().setup(trainer, pl_module, stage)  # save_to_log_dir=False: the loggers' copy only
+
+    def save_config(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        config = self.config.as_dict()
+        for logger in trainer.loggers:
+            logger.log_hyperparams(config)
 
 
 def _git(*args: str) -> str | None:
@@ -110,7 +132,9 @@ class RunInfo(Callback):
         self.info = collect_run_info()
         self.info["resumed_from"] = str(trainer.ckpt_path) if trainer.ckpt_path else None
         # trainer.log_dir is a collective (a broadcast from rank 0): every rank must ask, not only rank 0.
-        self._write(Path(trainer.log_dir or trainer.default_root_dir))
+        run_dir = Path(trainer.log_dir or trainer.default_root_dir)
+        self.info["run_dir"] = str(run_dir.resolve())  # where `--ckpt_path last` continues the run
+        self._write(run_dir)
         summary = {k: v for k, v in self.info.items() if k not in ("packages", "_diff")}
         for logger in trainer.loggers:
             logger.log_hyperparams({"run_info": summary})

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import torch
 import yaml
 from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
@@ -26,6 +27,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from project.errors import UserError, warn
 from project.io import check_writable
 from project.run.checkpoints import load_checkpoint, load_weights, with_atomic_checkpoint_io
+from project.run.interrupts import CtrlCStopsAfterTheBatch
 from project.run.provenance import RNGState, RunInfo
 from project.run.resume import (
     best_checkpoint,
@@ -78,6 +80,26 @@ def check_config_file(path: str) -> None:
         raise UserError(
             f"config file {file} is not valid YAML{where}: {getattr(e, 'problem', None) or e}"
         ) from None
+
+
+def check_accelerator(accelerator: Any) -> None:
+    """A UserError, naming the CPU presets, when the config asks for a GPU and this machine has none."""
+    if str(accelerator) in ("gpu", "cuda") and not torch.cuda.is_available():
+        raise UserError(
+            f"trainer.accelerator {accelerator}: this machine has no CUDA GPU (torch.cuda.is_available() is "
+            "False). Train on the CPU with --trainer.accelerator cpu; for distributed training on CPUs stack "
+            "configs/trainer/ddp_cpu.yaml or configs/trainer/fsdp2_cpu.yaml instead of the GPU presets "
+            "(ddp.yaml, fsdp.yaml, fsdp2.yaml)"
+        )
+
+
+def precision_for_this_machine(precision: Any) -> Any:
+    """`16-mixed` without a GPU becomes `32-true`, with one notice: Lightning would fall back to bf16, which
+    CPUs without native bf16 emulate, slowly. The GPU recipes' precision thus runs as well as it can anywhere."""
+    if str(precision) in ("16-mixed", "16") and not torch.cuda.is_available():
+        warn(f"trainer.precision {precision} needs a CUDA GPU; training in 32-true on this CPU")
+        return "32-true"
+    return precision
 
 
 def _short_usage(parser: Any, file: Any = None) -> None:
@@ -186,12 +208,16 @@ class ReliableRunMixin:
                     init_args[key] = before[key]
 
     def configure_trainer(self, trainer_config: dict[str, Any], callbacks: list[Any]) -> list[Any]:
+        check_accelerator(trainer_config.get("accelerator"))
+        trainer_config["precision"] = precision_for_this_machine(trainer_config.get("precision"))
         callbacks = super().configure_trainer(trainer_config, callbacks)
         trainer_config["plugins"] = with_atomic_checkpoint_io(trainer_config.get("plugins"))
         if self._run_dir is not None and trainer_config.get("logger") in (False, None, []):
             # Without a logger Lightning writes into default_root_dir itself: into the run's folder instead.
             trainer_config["default_root_dir"] = str(self._run_dir)
-        return [*callbacks, RNGState(), RunInfo(self._settings)] if self.subcommand == "fit" else callbacks
+        if self.subcommand != "fit":
+            return callbacks
+        return [*callbacks, RNGState(), RunInfo(self._settings), CtrlCStopsAfterTheBatch()]
 
     # -- running -------------------------------------------------------------------------------------------
     def before_fit(self) -> None:

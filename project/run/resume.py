@@ -79,11 +79,7 @@ def find_run_to_continue(
         folders = [Path(dirpath)] if Path(dirpath).is_dir() else []
     else:
         base = Path(root) / RUNS
-        folders = (
-            [p / "checkpoints" for p in base.iterdir() if (p / "checkpoints").is_dir()]
-            if base.is_dir()
-            else []
-        )
+        folders = [p / "checkpoints" for p in base.glob("version_*") if (p / "checkpoints").is_dir()]
     runs = [(files, folder) for folder in folders if (files := checkpoints_newest_first(folder))]
     runs.sort(key=lambda run: run[0][0].stat().st_mtime_ns, reverse=True)
     passed_over = None
@@ -100,14 +96,22 @@ def find_run_to_continue(
             if difference:
                 passed_over = passed_over or (folder.parent, difference)
                 break  # the whole run was started otherwise
+            if passed_over:
+                warn(
+                    f"--ckpt_path last: {_passing_over(*passed_over)}; continuing the run in {folder.parent}"
+                )
             return path, checkpoint
     if passed_over:
-        run, difference = passed_over
+        run = passed_over[0]
         warn(
-            f"--ckpt_path last: passing over the run in {run}, started with other settings ({difference}); "
-            f"to continue it anyway, pass its checkpoint: --ckpt_path {run}/checkpoints/last.ckpt"
+            f"--ckpt_path last: {_passing_over(*passed_over)}; to continue it anyway, pass its checkpoint: "
+            f"--ckpt_path {run}/checkpoints/last.ckpt"
         )
     return None
+
+
+def _passing_over(run: Path, difference: str) -> str:
+    return f"passing over the run in {run}, started with other settings ({difference})"
 
 
 def best_checkpoint(last: Path, checkpoint: dict[str, Any]) -> Path:
@@ -125,14 +129,17 @@ def best_checkpoint(last: Path, checkpoint: dict[str, Any]) -> Path:
 
 def continue_run(loggers: list[Any], ckpt: Path, checkpoint: dict[str, Any]) -> Path | None:
     """Point the W&B loggers at the run id recorded in the checkpoint (`run_info.wandb_run_id`) and return the
-    folder of the run that wrote `ckpt`, which the versioned loggers then continue."""
-    wandb_id = (checkpoint.get("run_info") or {}).get("wandb_run_id")
+    folder of the run that wrote `ckpt` (recorded too, for checkpoints kept elsewhere with checkpoint.dirpath),
+    which the versioned loggers then continue."""
+    info = checkpoint.get("run_info") or {}
+    wandb_id = info.get("wandb_run_id")
     for logger in loggers:
         init_args = getattr(logger, "init_args", None)
         is_wandb = init_args is not None and logger.class_path.endswith("WandbLogger")
         if is_wandb and wandb_id and not init_args.get("id") and not init_args.get("version"):
             init_args["id"] = wandb_id  # WandbLogger always passes resume="allow": the run continues
-    return run_folder_of(ckpt)
+    recorded = Path(info["run_dir"]) if info.get("run_dir") else None
+    return run_folder_of(ckpt) or (recorded if recorded is not None and recorded.is_dir() else None)
 
 
 def keep_csv_metrics(logger: CSVLogger, before_step: int) -> None:

@@ -17,7 +17,6 @@ from project.errors import UserError
 
 DEFAULT_ROOT_DIR = "logs"
 RUNS = "runs"
-LOCK = ".lock"
 _held: list[Any] = []  # open lock files: closing one releases its lock
 _claimed: list[Path] = []  # folders this process created: removed again if the run wrote nothing into them
 
@@ -59,10 +58,15 @@ def claim_run_folder(root: str | Path) -> Path:
             n += 1
 
 
+def lock_path(run_dir: Path) -> Path:
+    """The lock file of a run folder: beside it (`runs/.version_N.lock`), so the folder itself starts empty."""
+    return run_dir.with_name(f".{run_dir.name}.lock")
+
+
 def lock_run_folder(run_dir: Path) -> None:
     """Hold an exclusive lock on `run_dir` until this process ends; a UserError if another process holds it."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    file = open(run_dir / LOCK, "a+")  # noqa: SIM115 - kept open for the life of the process: it is the lock
+    file = open(lock_path(run_dir), "a+")  # noqa: SIM115 - kept open for the life of the process: it is the lock
     try:
         fcntl.flock(file, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
@@ -88,9 +92,8 @@ def release_run_folders() -> None:
             _held.pop().close()
     for folder in sorted(_claimed, key=lambda p: len(p.parts), reverse=True):  # deepest first
         with contextlib.suppress(OSError):
-            if [p.name for p in folder.iterdir()] == [LOCK]:
-                (folder / LOCK).unlink()
             folder.rmdir()  # only if empty: a folder the run wrote into stays
+            lock_path(folder).unlink(missing_ok=True)
     _claimed.clear()
 
 

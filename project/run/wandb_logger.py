@@ -26,6 +26,7 @@ from lightning.pytorch import loggers
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
 from project.errors import warn
+from project.run.lightning_private import drop_wandb_init_argument
 
 OFFLINE_MODES = ("offline", "dryrun", "disabled")
 _loggers: list["WandbLogger"] = []
@@ -70,7 +71,9 @@ class WandbLogger(loggers.WandbLogger):
             version or id or "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(8))
         )
         extra = {"entity": entity, "group": group, "tags": tags, "notes": notes, "job_type": job_type}
-        extra = {key: value for key, value in extra.items() if value is not None} | (init_kwargs or {})
+        extra = {key: value for key, value in extra.items() if value is not None}
+        # Quiet: wandb's own start-up lines and closing history table say nothing the progress bar doesn't.
+        extra = {**extra, "settings": {"quiet": True}} | (init_kwargs or {})
         super().__init__(
             name=name,
             save_dir=save_dir,
@@ -84,6 +87,7 @@ class WandbLogger(loggers.WandbLogger):
             checkpoint_name=checkpoint_name,
             **extra,
         )
+        drop_wandb_init_argument(self, "anonymous")
         self._pending: list[Any] = []
         self._start_error: BaseException | None = None
         self._starter: threading.Thread | None = None

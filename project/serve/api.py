@@ -15,9 +15,9 @@ import numpy as np
 import torch
 from fastapi import File
 from fastapi.responses import JSONResponse
-from PIL import Image, UnidentifiedImageError
+from PIL import UnidentifiedImageError
 
-from project.data.images import BAD_IMAGE_ERRORS
+from project.data.images import ImageTooLarge, open_image
 from project.export.preprocessing import Preprocessing, read_metadata
 from project.export.runtimes import OnnxRuntime, softmax
 
@@ -86,23 +86,24 @@ class ClassifierAPI(ls.LitAPI):
 
     # -- per request ----------------------------------------------------------------------------------------
     def decode_request(self, request: UploadedFile) -> torch.Tensor | Rejected:
-        """Upload bytes -> uint8 (C, H, W) at the model's input size, or a `Rejected` saying why not."""
+        """Upload bytes -> uint8 (C, H, W) at the model's input size, or a `Rejected` saying why not.
+
+        Never raises: whatever is wrong with one upload is answered for that upload alone, and the other
+        requests batched with it are classified as usual.
+        """
         if not request:
             return Rejected(400, "the form field 'file' is empty")
         try:
-            with Image.open(io.BytesIO(request)) as image:  # reads the header only
-                width, height = image.size
+            open_image(io.BytesIO(request), self.max_image_pixels).close()  # the header only: format and size
         except UnidentifiedImageError:
             return Rejected(415, "the upload is not an image PIL can read (send a JPEG, PNG, ... file)")
-        except BAD_IMAGE_ERRORS as e:
-            return Rejected(400, f"cannot read the image: {e}")
-        if width * height > self.max_image_pixels:
-            return Rejected(
-                413, f"the image has {width}x{height} pixels, more than the limit of {self.max_image_pixels}"
-            )
+        except ImageTooLarge as e:
+            return Rejected(413, str(e))
+        except Exception as e:  # any other unreadable header
+            return Rejected(400, f"cannot read the image: {e or type(e).__name__}")
         try:
-            return self.pre.decode(request)
-        except BAD_IMAGE_ERRORS as e:  # truncated or corrupt after a valid header
+            return self.pre.decode(request, self.max_image_pixels)
+        except Exception as e:  # truncated or corrupt after a valid header
             return Rejected(400, f"cannot decode the image: {e or type(e).__name__}")
 
     def batch(self, inputs: list[Any]) -> list[Any]:

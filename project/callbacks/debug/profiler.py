@@ -10,7 +10,7 @@ from project.errors import UserError
 
 
 class ScheduledProfiler(PyTorchProfiler):
-    """Profiles a few training (and validation) steps with `torch.profiler` and writes traces to a folder.
+    """Profiles a few training steps with `torch.profiler` and writes traces to a folder.
 
     Each loop's steps follow one schedule: `wait` steps untouched (start-up, cuDNN autotuning,
     compilation), `warmup` steps profiled and thrown away (the profiler's own start-up), then `active`
@@ -34,6 +34,11 @@ class ScheduledProfiler(PyTorchProfiler):
         sort_by_key: Table column to sort by, e.g. `cpu_time_total`, `cuda_time_total`,
             `self_cuda_memory_usage`. Default: CUDA time when on a GPU, else CPU time.
     """
+
+    # Only training steps advance the schedule: validation steps do not eat into it, and the table describes
+    # the training steps recorded (Lightning's default also steps on validation, so that a short validation
+    # could end the recording on a cycle holding little but a checkpoint save).
+    STEP_FUNCTIONS = {"training_step"}
 
     def __init__(
         self,
