@@ -1,7 +1,7 @@
 import torch
 
 from project.data import CIFARDataModule
-from project.data.augment import cutout, normalize, random_crop, random_flip
+from project.data.augment import alternating_flip, cutout, normalize, random_crop, random_flip
 
 
 def coordinate_images(n: int, size: int = 8) -> torch.Tensor:
@@ -36,6 +36,34 @@ def test_random_crop_is_a_shifted_window_with_zero_fill():
     for i in range(len(x)):
         windows = [padded[i, :, dy : dy + 8, dx : dx + 8] for dy in range(7) for dx in range(7)]
         assert any(torch.equal(out[i], w) for w in windows)
+
+
+def test_reflect_padding_crops_a_window_of_the_mirrored_border():
+    torch.manual_seed(2)
+    x = coordinate_images(64)
+    out = random_crop(x, 2, padding_mode="reflect")
+    padded = torch.nn.functional.pad(x.float(), (2, 2, 2, 2), mode="reflect").long()
+    for i in range(len(x)):
+        windows = [padded[i, :, dy : dy + 8, dx : dx + 8] for dy in range(5) for dx in range(5)]
+        assert any(torch.equal(out[i], w) for w in windows)
+    assert (out > 0).all()  # mirrored content, never the zero fill
+
+
+def test_alternating_flip_shows_every_image_both_ways_every_two_epochs():
+    x = coordinate_images(1000)
+    rows = torch.arange(1000) * 7  # any rows of a dataset
+    flipped = []
+    for epoch in range(4):
+        out = alternating_flip(x, rows, epoch)
+        is_flipped = torch.tensor([torch.equal(o, xi.flip(-1)) for o, xi in zip(out, x, strict=True)])
+        assert all(torch.equal(o, xi) for o, xi, f in zip(out, x, is_flipped, strict=True) if not f)
+        flipped.append(is_flipped)
+    assert torch.equal(flipped[0], ~flipped[1]) and torch.equal(flipped[0], flipped[2])
+    assert torch.equal(flipped[1], flipped[3])
+    assert 400 < flipped[0].sum() < 600  # the starting side is an even split over the images
+    # The side follows the image, not its place in the batch.
+    perm = torch.randperm(1000)
+    assert torch.equal(alternating_flip(x[perm], rows[perm], 1), alternating_flip(x, rows, 1)[perm])
 
 
 def test_random_flip_both_states_independently():

@@ -35,6 +35,59 @@ def test_channels_last_and_tta_flip():
     assert torch.allclose(model(x), model.net(x), atol=1e-5)  # no flip averaging while training
 
 
+def test_tta_shift_averages_the_mirrored_and_shifted_views():
+    torch.manual_seed(0)
+    model = ImageClassifier(SimpleCNN(num_classes=3), num_classes=3, tta_flip=True, tta_shift=1).eval()
+    x = torch.randn(2, 3, 32, 32)
+
+    def both_ways(v):
+        return (model.net(v) + model.net(v.flip(-1))) / 2
+
+    padded = torch.nn.functional.pad(x, (1, 1, 1, 1), mode="reflect")
+    expected = both_ways(x) / 2 + (both_ways(padded[..., :32, :32]) + both_ways(padded[..., 2:, 2:])) / 4
+    assert torch.allclose(model(x), expected, atol=1e-5)
+    assert not torch.allclose(model(x), both_ways(x), atol=1e-4)
+
+
+def test_norm_biases_get_their_own_learning_rate_and_the_same_decay_per_step():
+    from functools import partial
+
+    net = AirbenchNet(num_classes=10, widths=(8, 16, 16))
+    sgd = partial(torch.optim.SGD, lr=0.5, momentum=0.9, weight_decay=1e-3)
+    schedule = partial(torch.optim.lr_scheduler.OneCycleLR, max_lr=0.5, total_steps=10)
+    model = ImageClassifier(
+        net, optimizer=sgd, scheduler=schedule, weight_decay_norm_and_bias=True, norm_bias_lr_scale=64.0
+    )
+    config = model.configure_optimizers()
+    groups = config["optimizer"].param_groups
+    norm_biases = {id(m.bias) for m in net.modules() if isinstance(m, torch.nn.BatchNorm2d)}
+    (scaled,) = [g for g in groups if g.get("lr_scale") == 64.0]
+    assert {id(p) for p in scaled["params"]} == norm_biases
+    others = [g for g in groups if g is not scaled]
+    # OneCycle starts every group at max_lr / 25: the scaled group's own max_lr keeps it 64x faster.
+    assert all(abs(scaled["lr"] - 64 * g["lr"]) < 1e-9 for g in others)
+    assert all(abs(scaled["lr"] * scaled["weight_decay"] - g["lr"] * g["weight_decay"]) < 1e-12 for g in others)
+    assert config["lr_scheduler"]["scheduler"].total_steps == 10
+
+
+def test_whitening_bias_trains_only_its_first_epochs():
+    from project.callbacks import PatchWhiteningInit
+
+    net = AirbenchNet(num_classes=10, widths=(8, 16, 16))
+    model = ImageClassifier(net)
+    callback = PatchWhiteningInit(train_bias_epochs=3)
+
+    class Trainer:
+        current_epoch = 2
+
+    net.whiten.bias.grad = torch.ones_like(net.whiten.bias)
+    callback.on_before_optimizer_step(Trainer, model, None)
+    assert net.whiten.bias.grad is not None
+    Trainer.current_epoch = 3
+    callback.on_before_optimizer_step(Trainer, model, None)
+    assert net.whiten.bias.grad is None
+
+
 def test_airbench_whitening_decorrelates_patches():
     net = AirbenchNet(num_classes=10)
     torch.manual_seed(0)
@@ -78,3 +131,9 @@ def test_on_device_dataset_follows_the_trainer(fake_cifar):
     assert loader.num_workers == 0 and not loader.pin_memory
     x, y = next(iter(loader))
     assert x.device.type == "cpu" and x.shape == (16, 3, 32, 32)
+    # Alternating flips need each image's row: batches carry it, and leave the transform without it.
+    dm.flip = "alternate"
+    batch = next(iter(dm.train_dataloader()))
+    assert len(batch) == 3 and torch.equal(dm.train_set.targets[batch[2]], batch[1])
+    x, y = dm.transform_batch(batch, train=True, epoch=1)
+    assert x.dtype == torch.float32 and torch.equal(y, batch[1])

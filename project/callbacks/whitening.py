@@ -13,10 +13,23 @@ class PatchWhiteningInit(L.Callback):
 
     Args:
         num_images: Training images used to estimate the 2x2 patch covariance.
+        train_bias_epochs: Epochs the whitening layer's bias trains before it is frozen too (airbench: 3, the
+            bias settles early and later updates only add noise); default: it trains throughout.
     """
 
-    def __init__(self, num_images: int = 5000) -> None:
+    def __init__(self, num_images: int = 5000, train_bias_epochs: int | None = None) -> None:
         self.num_images = num_images
+        self.train_bias_epochs = train_bias_epochs
+
+    def on_before_optimizer_step(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer: torch.optim.Optimizer
+    ) -> None:
+        # Dropping the gradient (rather than requires_grad) freezes it under DDP too: the optimizer skips a
+        # parameter without one, and DDP's reducer still sees every gradient it expects.
+        if self.train_bias_epochs is not None and trainer.current_epoch >= self.train_bias_epochs:
+            bias = getattr(getattr(getattr(pl_module, "net", None), "whiten", None), "bias", None)
+            if bias is not None:
+                bias.grad = None
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         net = getattr(pl_module, "net", None)
@@ -24,7 +37,7 @@ class PatchWhiteningInit(L.Callback):
             return
         data = trainer.datamodule
         n = min(self.num_images, len(data.train_set))
-        images, labels = data.train_set.__getitems__(list(range(n)))
+        images, labels, *_ = data.train_set.__getitems__(list(range(n)))
         x, _ = data.transform_batch((images.to(pl_module.device), labels), train=False)
         net.init_whitening(x.float())
         rank_zero_info(f"PatchWhiteningInit: whitening filters set from {n} training images")

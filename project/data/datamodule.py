@@ -1,14 +1,14 @@
 """`ImageDataModule`: loader settings and on-device augmentation shared by every image DataModule."""
 
 import os
-from typing import Any
+from typing import Any, Literal
 
 import lightning as L
 import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
-from project.data.augment import cutout, normalize, random_crop, random_flip
+from project.data.augment import alternating_flip, cutout, normalize, random_crop, random_flip
 from project.data.tensor_dataset import TensorImageDataset, keep_as_is
 from project.errors import UserError
 
@@ -40,8 +40,12 @@ class ImageDataModule(L.LightningDataModule):
         pin_memory: Page-locked host memory for faster host-to-GPU copies. Default: only with CUDA.
         persistent_workers: Keep workers alive between epochs (saves their start-up every epoch).
         prefetch_factor: Batches each worker loads ahead.
-        crop_padding: Zero padding for the random crop (4 for 32x32 CIFAR); 0 disables the crop.
-        flip: Random horizontal flips during training.
+        crop_padding: Padding for the random crop (4 for 32x32 CIFAR); 0 disables the crop.
+        crop_padding_mode: What the padding holds: `constant` (zeros) or `reflect` (the image mirrored at its
+            border, as airbench does: no black bars for the network to learn about).
+        flip: Horizontal flips during training: `true`, a fresh coin per image and epoch; `alternate`, each
+            image flipped in every other epoch from a random start (airbench: every image is seen both ways
+            within two epochs; needs images held in memory, as CIFAR and cached folders are); `false`, none.
         cutout: Side of the square zeroed per training image (Cutout); 0 disables it.
         seed: Seed of the train/validation split (fixed, so the split is the same in every run).
         on_device: Move in-memory datasets (CIFAR, cached folders) to the training device once, so batches are
@@ -63,7 +67,8 @@ class ImageDataModule(L.LightningDataModule):
         persistent_workers: bool = True,
         prefetch_factor: int = 2,
         crop_padding: int = 4,
-        flip: bool = True,
+        crop_padding_mode: Literal["constant", "reflect"] = "constant",
+        flip: bool | Literal["alternate"] = True,
         cutout: int = 0,
         seed: int = 0,
         on_device: bool = False,
@@ -87,6 +92,7 @@ class ImageDataModule(L.LightningDataModule):
         self.persistent_workers = persistent_workers
         self.prefetch_factor = prefetch_factor
         self.crop_padding = crop_padding
+        self.crop_padding_mode = crop_padding_mode
         self.flip = flip
         self.cutout = cutout
         self.seed = seed
@@ -153,6 +159,13 @@ class ImageDataModule(L.LightningDataModule):
         )
 
     def train_dataloader(self) -> DataLoader:
+        if self.flip == "alternate":
+            if not isinstance(self.train_set, TensorImageDataset):
+                raise UserError(
+                    "data.flip alternate follows each image from epoch to epoch, which needs the images held in "
+                    "memory (CIFAR, or an image folder with data.cache true); use data.flip true here"
+                )
+            self.train_set.return_rows = True
         return self._loader(self.train_set, "train", train=True)
 
     def val_dataloader(self) -> DataLoader:
@@ -165,12 +178,18 @@ class ImageDataModule(L.LightningDataModule):
         return self._loader(self.predict_set, "predict")
 
     # -- on-device augmentation and normalisation -----------------------------------------------------------
-    def transform_batch(self, batch: tuple[Tensor, Tensor], train: bool) -> tuple[Tensor, Tensor]:
-        """Augment (if `train`) and normalise a uint8 batch on whatever device it is on."""
-        x, y = batch
+    def transform_batch(
+        self, batch: tuple[Tensor, ...], train: bool, epoch: int = 0
+    ) -> tuple[Tensor, Tensor]:
+        """Augment (if `train`) and normalise a uint8 batch on whatever device it is on. A batch may carry each
+        image's dataset row third (for alternating flips); the result is always `(images, targets)`."""
+        x, y, *rows = batch
         if train:
-            x = random_crop(x, self.crop_padding)
-            x = random_flip(x) if self.flip else x
+            x = random_crop(x, self.crop_padding, padding_mode=self.crop_padding_mode)
+            if self.flip == "alternate" and rows:
+                x = alternating_flip(x, rows[0], epoch, self.seed)
+            elif self.flip:
+                x = random_flip(x)
         key = (x.device, tuple(self.mean), tuple(self.std))
         if key not in self._norm_cache:
             self._norm_cache[key] = (
@@ -188,7 +207,8 @@ class ImageDataModule(L.LightningDataModule):
         ):  # the model summary's example_input_array: already a float input
             return batch
         training = self.trainer is not None and self.trainer.training
-        return self.transform_batch(batch, train=training)
+        epoch = self.trainer.current_epoch if training else 0
+        return self.transform_batch(batch, train=training, epoch=epoch)
 
     def state_dict(self) -> dict[str, Any]:
         # Stored in checkpoints: evaluating or predicting from one normalises exactly as training did.

@@ -22,6 +22,9 @@ class TensorImageDataset(Dataset):
         indices: Optional subset of rows (a train/val split) without copying the images.
         sample_transform: Optional per-image transform on uint8 (C, H, W) tensors, e.g. TrivialAugmentWide;
             it runs in the DataLoader workers.
+
+    Set `return_rows` to get `(images, targets, rows)` batches: each image's row in `images`, which stays the
+    same across epochs and splits (augmentations that follow an image from epoch to epoch need it).
     """
 
     def __init__(
@@ -36,6 +39,7 @@ class TensorImageDataset(Dataset):
         self.indices = torch.as_tensor(indices if indices is not None else range(n), dtype=torch.long)
         self.targets = None if targets is None else torch.as_tensor(targets, dtype=torch.long)
         self.sample_transform = sample_transform
+        self.return_rows = False
 
     def to(self, device: torch.device | str) -> "TensorImageDataset":
         """Hold everything on `device` (a memmap is read into memory first); batches are then gathered there."""
@@ -49,7 +53,7 @@ class TensorImageDataset(Dataset):
     def __len__(self) -> int:
         return len(self.indices)
 
-    def __getitems__(self, positions: list[int]) -> tuple[Tensor, Tensor]:
+    def __getitems__(self, positions: list[int]) -> tuple[Tensor, ...]:
         rows = self.indices[torch.as_tensor(positions, device=self.indices.device)]
         if isinstance(self.images, np.ndarray):
             order = rows.argsort()  # sorted reads are sequential on a memmap
@@ -60,11 +64,10 @@ class TensorImageDataset(Dataset):
         if self.sample_transform is not None:
             x = torch.stack([self.sample_transform(img) for img in x])
         y = self.targets[rows] if self.targets is not None else rows
-        return x, y
+        return (x, y, rows) if self.return_rows else (x, y)
 
-    def __getitem__(self, position: int) -> tuple[Tensor, Tensor]:
-        x, y = self.__getitems__([position])
-        return x[0], y[0]
+    def __getitem__(self, position: int) -> tuple[Tensor, ...]:
+        return tuple(t[0] for t in self.__getitems__([position]))
 
 
 def keep_as_is(batch: Any) -> Any:

@@ -46,20 +46,51 @@ def check_optimizer(factory: Any, key: str = "model.optimizer") -> None:
 _NORM_LAYERS = (nn.modules.batchnorm._NormBase, nn.GroupNorm, nn.LayerNorm, nn.RMSNorm)
 
 
-def param_groups(model: nn.Module, decay_norm_and_bias: bool = False) -> list[dict[str, Any]]:
+def param_groups(
+    model: nn.Module, decay_norm_and_bias: bool = False, norm_bias_lr_scale: float = 1.0
+) -> list[dict[str, Any]]:
     """The trainable parameters for the optimizer, biases and norm scales/offsets without weight decay
-    (decaying them only hurts: they set scale and offset, not capacity) unless `decay_norm_and_bias`."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    if decay_norm_and_bias:
-        return [{"params": params}]
+    (decaying them only hurts: they set scale and offset, not capacity) unless `decay_norm_and_bias`.
+
+    With a `norm_bias_lr_scale` other than 1 the norm layers' biases get a third group, marked `lr_scale`,
+    which `scale_learning_rates` applies once the optimizer exists."""
     # Found by the module that owns them rather than by shape: FSDP (v1) hands the optimizer every parameter
     # as a flat 1-D shard.
-    exempt = {
-        id(p)
-        for m in model.modules()
-        for name, p in m.named_parameters(recurse=False)
-        if name == "bias" or isinstance(m, _NORM_LAYERS)
-    }
-    decay = [p for p in params if id(p) not in exempt]
-    no_decay = [p for p in params if id(p) in exempt]
-    return [{"params": decay}, {"params": no_decay, "weight_decay": 0.0}]
+    kind: dict[int, str] = {}
+    for m in model.modules():
+        for name, p in m.named_parameters(recurse=False):
+            norm = isinstance(m, _NORM_LAYERS)
+            if norm and name == "bias" and norm_bias_lr_scale != 1.0:
+                kind[id(p)] = "scaled"
+            elif norm or name == "bias":
+                kind[id(p)] = "exempt"
+    params = [p for p in model.parameters() if p.requires_grad]
+
+    def pick(k: str) -> list[nn.Parameter]:
+        return [p for p in params if kind.get(id(p), "decay") == k]
+
+    exempt = {} if decay_norm_and_bias else {"weight_decay": 0.0}
+    groups = [{"params": pick("decay")}, {"params": pick("exempt"), **exempt}]
+    if norm_bias_lr_scale != 1.0:
+        groups.append({"params": pick("scaled"), "lr_scale": norm_bias_lr_scale, **exempt})
+    return groups
+
+
+def scale_learning_rates(optimizer: torch.optim.Optimizer) -> None:
+    """Multiply each group's learning rate by its `lr_scale` and divide its weight decay by it, so that the
+    decay per step (lr x weight_decay for coupled decay) stays what the config says (airbench's BN biases)."""
+    for group in optimizer.param_groups:
+        scale = group.get("lr_scale", 1.0)
+        group["lr"] *= scale
+        if group.get("weight_decay"):
+            group["weight_decay"] /= scale
+
+
+def scaled_max_lr(scheduler: Any, optimizer: torch.optim.Optimizer) -> list[float] | None:
+    """OneCycle-style schedules set every group's rate from `max_lr`: one per group, scaled by its
+    `lr_scale`, keeps the scaling. None when no group is scaled or the config gives a list already."""
+    max_lr = getattr(scheduler, "keywords", {}).get("max_lr")
+    if not takes_argument(scheduler, "max_lr") or not isinstance(max_lr, int | float):
+        return None
+    scales = [group.get("lr_scale", 1.0) for group in optimizer.param_groups]
+    return [max_lr * s for s in scales] if any(s != 1.0 for s in scales) else None

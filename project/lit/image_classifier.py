@@ -11,7 +11,14 @@ from torchmetrics import MaxMetric, MeanMetric, MetricCollection
 from torchmetrics.classification import MulticlassAccuracy
 
 from project.distributed.sharding import clip_fsdp_grad_norm, shard_for_device_mesh
-from project.lit.factories import check_optimizer, leaves_unset, param_groups
+from project.lit.factories import (
+    check_optimizer,
+    leaves_unset,
+    param_groups,
+    scale_learning_rates,
+    scaled_max_lr,
+)
+from project.lit.tta import tta_logits
 
 
 class ImageClassifier(L.LightningModule):
@@ -31,8 +38,13 @@ class ImageClassifier(L.LightningModule):
         label_smoothing: Cross-entropy label smoothing (0.1 is a common choice).
         weight_decay_norm_and_bias: Apply the optimizer's weight decay to norm layers and biases too.
             Default off: decaying them only hurts (they set scale and offset, not capacity).
+        norm_bias_lr_scale: Learning-rate multiplier for the norm layers' biases (their weight decay is divided
+            by it, so their decay per step is unchanged). airbench trains its BatchNorm biases 64x faster,
+            with the BatchNorm scales frozen: the shifts then do the work the scales would.
         tta_flip: Evaluate (val/test/predict) on the mean of the logits of each image and its mirror image:
             a free ~0.3-0.5 point on CIFAR, at twice the evaluation cost.
+        tta_shift: Also average over the images shifted this many pixels up-left and down-right (airbench's
+            TTA level 2; `lit/tta.py`), at three times the evaluation cost. 0: off.
         channels_last: Store conv weights and inputs NHWC. Helps on GPUs with tensor cores under
             16-mixed/bf16-mixed precision (cuDNN's fastest convolutions are NHWC); measured slower on CPU here.
         compile: `torch.compile` the network in place (`nn.Module.compile`, so checkpoint keys do not change).
@@ -54,7 +66,9 @@ class ImageClassifier(L.LightningModule):
         scheduler_interval: Literal["epoch", "step"] | None = None,
         label_smoothing: float = 0.0,
         weight_decay_norm_and_bias: bool = False,
+        norm_bias_lr_scale: float = 1.0,
         tta_flip: bool = False,
+        tta_shift: int = 0,
         channels_last: bool = False,
         compile: bool = False,
         compile_mode: Literal["default", "reduce-overhead", "max-autotune"] | None = None,
@@ -65,6 +79,11 @@ class ImageClassifier(L.LightningModule):
             raise ValueError(f"ImageClassifier: num_classes must be at least 2, got {num_classes}")
         if not 0.0 <= label_smoothing < 1.0:
             raise ValueError(f"ImageClassifier: label_smoothing must be in [0, 1), got {label_smoothing}")
+        if norm_bias_lr_scale <= 0 or tta_shift < 0:
+            raise ValueError(
+                f"ImageClassifier: norm_bias_lr_scale must be > 0 and tta_shift >= 0, got {norm_bias_lr_scale} "
+                f"and {tta_shift}"
+            )
         check_optimizer(optimizer)  # a negative lr etc. fails now, naming model.optimizer, not inside fit
         # The network is saved with the checkpoint's weights; its config is in the saved CLI config.
         self.save_hyperparameters(ignore=["net", "optimizer", "scheduler"])
@@ -109,9 +128,9 @@ class ImageClassifier(L.LightningModule):
     def forward(self, x: Tensor) -> Tensor:
         if self.hparams.channels_last and x.ndim == 4:
             x = x.contiguous(memory_format=torch.channels_last)
-        if self.hparams.tta_flip and not self.training:
-            return (self.net(x) + self.net(x.flip(-1))) / 2
-        return self.net(x)
+        if self.training or not (self.hparams.tta_flip or self.hparams.tta_shift):
+            return self.net(x)
+        return tta_logits(self.net, x, self.hparams.tta_flip, self.hparams.tta_shift)
 
     def _shared_step(
         self, batch: tuple[Tensor, Tensor], metrics: MetricCollection, loss_metric: MeanMetric
@@ -190,10 +209,14 @@ class ImageClassifier(L.LightningModule):
             model = self.trainer.model
         except RuntimeError:  # not attached to a Trainer (a test building the optimizer directly)
             model = self
-        optimizer = self.optimizer(param_groups(model, self.hparams.weight_decay_norm_and_bias))
+        hp = self.hparams
+        optimizer = self.optimizer(param_groups(model, hp.weight_decay_norm_and_bias, hp.norm_bias_lr_scale))
+        scale_learning_rates(optimizer)
         if self.scheduler is None:
             return optimizer
-        kwargs, interval = {}, self.hparams.scheduler_interval
+        kwargs, interval = {}, hp.scheduler_interval
+        if (max_lr := scaled_max_lr(self.scheduler, optimizer)) is not None:
+            kwargs["max_lr"] = max_lr
         if leaves_unset(self.scheduler, "total_steps"):
             # OneCycleLR divides by zero below ~1/pct_start steps; runs that short (debug runs) are padded.
             kwargs["total_steps"] = max(int(self.trainer.estimated_stepping_batches), 100)
