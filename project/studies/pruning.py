@@ -35,11 +35,11 @@ class TrialPruning(Callback):
     normal one does (checkpoints written, W&B run finished) and the trial is marked with `PRUNED_ATTR`.
     Under DDP, global rank 0 talks to the study and broadcasts the decision.
 
-    Not optuna-integration's `PyTorchLightningPruningCallback` (checked with optuna-integration 5.0 and
-    Lightning 2.6): it needs a live `optuna.trial.Trial` object, which a fit started from the command line
-    cannot be given, and in a single process it raises `TrialPruned` inside `fit`, ending the process with a
-    traceback and a failing exit status that the waiting `tune` cannot tell from a crash (its graceful DDP path
-    is chosen through Lightning's private `_accelerator_connector`).
+    Not optuna-integration's `PyTorchLightningPruningCallback`, although it runs with Lightning 2.6 (checked
+    with optuna-integration 5.0): it needs a live `optuna.trial.Trial` object, which a fit started from the
+    command line cannot be given, and in a single process it raises `TrialPruned` out of `trainer.fit`, ending
+    the process with a traceback and a failing exit status that the waiting `tune` cannot tell from a crash
+    (its graceful DDP path is chosen through Lightning's private `_accelerator_connector`).
 
     Args:
         study_name: The Optuna study.

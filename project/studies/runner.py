@@ -27,7 +27,7 @@ from project.io import atomic_write_text, staged_outputs
 
 SETTINGS_FILE = "settings.json"
 #: Forwarded flags the study sets itself for every fit.
-RESERVED = ("--ckpt_path", "--trainer.default_root_dir")
+RESERVED = ("--ckpt_path",)
 
 
 class FitFailed(UserError):
@@ -58,8 +58,8 @@ def split_args(args: Sequence[str], own: set[str]) -> tuple[list[str], list[str]
 def parse_study_args(function: Callable[..., Any], args: Sequence[str], prog: str) -> dict[str, Any]:
     """Keyword arguments of `function` (typed, documented parameters) for a command line; every argument that
     is not one of them goes, in order, into `fit_args`. A bad flag prints the usage and exits with status 2."""
-    own = {name for name in inspect.signature(function).parameters if name != "fit_args"}
-    mine, fit_args = split_args(args, own)
+    own = {name for name in inspect.signature(function).parameters if name != "fit_args"} | {"help"}
+    mine, fit_args = split_args([a if a != "-h" else "--help" for a in map(str, args)], own)
     doc = inspect.getdoc(function) or ""
     parser = ArgumentParser(
         prog=prog,
