@@ -83,7 +83,7 @@ def test_a_folds_statistics_come_from_its_training_folds_only(tmp_path):
 
 
 def test_cifar_folds_split_the_training_set_and_take_their_statistics_from_it(fake_cifar):
-    dm = CIFARDataModule(data_dir=str(fake_cifar), download=False, num_folds=5, fold=3)
+    dm = CIFARDataModule(data_dir=str(fake_cifar), download=False, val_size=100, num_folds=5, fold=3)
     dm.setup("fit")
     train, val = dm.train_set.indices, dm.val_set.indices
     assert len(train) == 400 and len(val) == 100 and not set(train.tolist()) & set(val.tolist())

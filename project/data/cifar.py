@@ -8,7 +8,7 @@ from torchvision import datasets
 from torchvision.transforms import v2
 
 from project.data.datamodule import ImageDataModule
-from project.data.folds import check_class_counts, check_fold_args, fold_split
+from project.data.folds import KFoldMixin
 from project.data.image_cache import channel_mean_std
 from project.data.tensor_dataset import TensorImageDataset
 from project.errors import UserError
@@ -44,13 +44,11 @@ _CIFAR100 = (
 _CLASSES = {"cifar10": _CIFAR10.split(), "cifar100": _CIFAR100.split()}
 
 
-class CIFARDataModule(ImageDataModule):
+class CIFARDataModule(KFoldMixin, ImageDataModule):
     """CIFAR-10 or CIFAR-100 from torchvision, with a seeded train/validation split.
 
     The 50,000 training images are split into `50,000 - val_size` for training and `val_size` for
-    validation (the same split in every run), or, with `num_folds`, into that many stratified folds (for
-    `python -m project cv`), the mean and std then computed over each fold's training images; test is the
-    official 10,000-image test set, never part of a fold. Images stay in
+    validation (the same split in every run); test is the official 10,000-image test set. Images stay in
     memory as one (N, 3, 32, 32) uint8 tensor and batches are gathered by indexing; augmentation
     (random crop with 4-pixel padding and flips by default) runs batched on the device.
 
@@ -60,10 +58,8 @@ class CIFARDataModule(ImageDataModule):
         download: Download the dataset if it is not in `data_dir` (only in `prepare_data`, on one process).
         val_size: Training images held out for validation.
         trivial_augment: Add TrivialAugmentWide (Müller & Hutter, 2021), per image in the loader workers.
-        num_folds: Split the 50,000 training images into this many stratified folds (seeded by `seed`)
-            instead of holding out `val_size`. Default: no folds.
-        fold: The fold that validates (0 to num_folds - 1); the other folds train.
-        **kwargs: Loader and augmentation settings of `ImageDataModule` (batch_size, num_workers, ...).
+        **kwargs: `num_folds` and `fold` (k-fold cross-validation over the training split, see `KFoldMixin`),
+            and the loader and augmentation settings of `ImageDataModule` (batch_size, num_workers, ...).
     """
 
     def __init__(
@@ -73,8 +69,6 @@ class CIFARDataModule(ImageDataModule):
         download: bool = True,
         val_size: int = 5000,
         trivial_augment: bool = False,
-        num_folds: int | None = None,
-        fold: int = 0,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -87,8 +81,6 @@ class CIFARDataModule(ImageDataModule):
         self.download = download
         self.val_size = val_size
         self.trivial_augment = trivial_augment
-        check_fold_args(num_folds, fold)
-        self.num_folds, self.fold = num_folds, fold
         self.dataset_cls, self.archive, self.mean, self.std = _DATASETS[name]
 
     @property
@@ -132,18 +124,16 @@ class CIFARDataModule(ImageDataModule):
     def setup(self, stage: str) -> None:
         if stage in ("fit", "validate") and self.val_set is None:
             images, targets = self._load(train=True)
-            if self.num_folds is None:
-                if self.val_size >= len(images):
-                    raise UserError(
-                        f"data.val_size={self.val_size} is not smaller than the {len(images)} training images"
-                    )
-                perm = torch.randperm(len(images), generator=torch.Generator().manual_seed(self.seed))
-                val_idx, train_idx = perm[: self.val_size], perm[self.val_size :]
-            else:
-                check_class_counts(targets, self.num_folds, self.class_names)
-                train, val = fold_split(targets, self.num_folds, self.fold, self.seed)
-                train_idx, val_idx = torch.tensor(train), torch.tensor(val)
-                # The published statistics are those of all 50,000 images: the validation fold among them.
+            if self.val_size >= len(images):
+                raise UserError(
+                    f"data.val_size={self.val_size} is not smaller than the {len(images)} training images"
+                )
+            perm = torch.randperm(len(images), generator=torch.Generator().manual_seed(self.seed))
+            val_idx, train_idx = perm[: self.val_size], perm[self.val_size :]
+            if (
+                self.num_folds is not None
+            ):  # then the statistics of the training folds, not of all 50,000 images
+                train_idx, val_idx = map(torch.tensor, self.fold_indices(targets))
                 self.mean, self.std = channel_mean_std(images[train_idx].split(4096))
             sample_transform = v2.TrivialAugmentWide() if self.trivial_augment else None
             self.train_set = TensorImageDataset(images, targets, train_idx, sample_transform=sample_transform)

@@ -112,11 +112,6 @@ class ImageDataModule(L.LightningDataModule):
     def input_shape(self) -> tuple[int, int, int]:
         raise NotImplementedError
 
-    @property
-    def has_test_split(self) -> bool:
-        """Whether `setup("test")` gives held-out test images (not the validation split standing in)."""
-        return True
-
     # -- loaders --------------------------------------------------------------------------------------------
     def resolve_batch_size(self, world_size: int, accumulate_grad_batches: int = 1) -> int:
         """Sets and returns the per-device `batch_size`, derived from `global_batch_size` when that is set."""

@@ -11,7 +11,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torch.utils.data import DataLoader, Dataset
 
 from project.data.datamodule import ImageDataModule, available_cpus
-from project.data.folds import check_class_counts, check_fold_args, fold_split
+from project.data.folds import KFoldMixin, check_folder_folds
 from project.data.image_cache import ImageCache, channel_mean_std, default_cache_dir, drop_bad
 from project.data.images import (
     ClassFolders,
@@ -26,15 +26,13 @@ from project.errors import UserError
 from project.io import atomic_write_text
 
 
-class ImageFolderDataModule(ImageDataModule):
+class ImageFolderDataModule(KFoldMixin, ImageDataModule):
     """Images in class folders, of any size and mode, resized once to `image_size` and cached.
 
     Layouts (class names come from the folder names, sorted):
       - `root/train/<class>/*` with optional `root/val/<class>/*` and `root/test/<class>/*`;
       - or `root/<class>/*`, split into train/val by `val_fraction` (stratified, seeded).
     Without `root/val`, validation is split off the training folder. Files with other extensions are skipped.
-    With `num_folds`, the training folder is split into that many stratified, seeded folds instead (for
-    `python -m project cv`): fold `fold` validates and the others train; `root/test` never takes part.
 
     Every image is converted to RGB (grayscale, RGBA and palette images too), its shorter side resized to
     `image_size` and centre-cropped. With `cache: true` (default) this happens once: the images land in a
@@ -54,10 +52,8 @@ class ImageFolderDataModule(ImageDataModule):
         predict_root: A folder of unlabeled images (any depth) for `predict`; default `root/test` if it
             exists, else the validation split.
         crop_padding: Padding of the training random crop; default `image_size // 8` (4 at 32 pixels).
-        num_folds: Split the training images into this many stratified folds (seeded by `seed`) instead of
-            holding out `val_fraction`; needs a layout without `root/val`. Default: no folds.
-        fold: The fold that validates (0 to num_folds - 1); the other folds train.
-        **kwargs: Loader and augmentation settings of `ImageDataModule` (batch_size, num_workers, ...).
+        **kwargs: `num_folds` and `fold` (k-fold cross-validation over the training images, see `KFoldMixin`),
+            and the loader and augmentation settings of `ImageDataModule` (batch_size, num_workers, ...).
     """
 
     def __init__(
@@ -72,8 +68,6 @@ class ImageFolderDataModule(ImageDataModule):
         std: tuple[float, float, float] | None = None,
         predict_root: str | None = None,
         crop_padding: int | None = None,
-        num_folds: int | None = None,
-        fold: int = 0,
         **kwargs: Any,
     ) -> None:
         super().__init__(crop_padding=image_size // 8 if crop_padding is None else crop_padding, **kwargs)
@@ -100,17 +94,7 @@ class ImageFolderDataModule(ImageDataModule):
                 f"data.val_fraction must be in (0, 1) when there is no {val_dir}, got {val_fraction}"
             )
         self.val_fraction = val_fraction
-        check_fold_args(num_folds, fold)
-        if num_folds is not None:
-            if self.val_dir is not None:
-                raise UserError(
-                    f"data.num_folds={num_folds} with the validation folder {self.val_dir}: the folds are drawn "
-                    f"from the training images, so that folder would be ignored. Move its images into "
-                    f"{self.root / 'train'}/<class>/ to cross-validate over all of them, or drop data.num_folds "
-                    "to validate on it"
-                )
-            check_class_counts(self.train_labels, num_folds, self._classes)
-        self.num_folds, self.fold = num_folds, fold
+        check_folder_folds(self.num_folds, self.fold, self.train_labels, self._classes, self.val_dir)
         self._given_stats = (mean, std) if mean is not None and std is not None else None
         if self._given_stats:
             self.mean, self.std = mean, std
@@ -154,14 +138,10 @@ class ImageFolderDataModule(ImageDataModule):
             indices = drop_bad(indices, bad, files, skip_corrupt=True)
         return ImageFileDataset([files[i] for i in indices], [labels[i] for i in indices], self.image_size)
 
-    @property
-    def has_test_split(self) -> bool:
-        return self.test_dir is not None
-
     def _split(self) -> tuple[list[int], list[int]]:
         """Stratified, seeded split of the training folder: (train indices, val indices)."""
         if self.num_folds is not None:
-            return fold_split(self.train_labels, self.num_folds, self.fold, self.seed)
+            return self.fold_indices(self.train_labels)
         g = torch.Generator().manual_seed(self.seed)
         labels = torch.tensor(self.train_labels)
         train_idx, val_idx = [], []

@@ -5,6 +5,7 @@ DDP process computes the same folds.
 """
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -21,6 +22,22 @@ def check_fold_args(num_folds: int | None, fold: int) -> None:
         raise UserError(f"data.num_folds must be at least 2, got {num_folds}")
     if not 0 <= fold < num_folds:
         raise UserError(f"data.fold={fold} is outside [0, {num_folds}) (data.num_folds={num_folds})")
+
+
+def check_folder_folds(
+    num_folds: int | None, fold: int, labels: Sequence[int], class_names: Sequence[str], val_dir: Any
+) -> None:
+    """The checks of a class-folder dataset's folds, in its __init__: before anything runs."""
+    check_fold_args(num_folds, fold)
+    if num_folds is None:
+        return
+    if val_dir is not None:
+        raise UserError(
+            f"data.num_folds={num_folds} with the validation folder {val_dir}: the folds are drawn from the "
+            f"training images, so that folder would be ignored. Move its images into {val_dir.parent / 'train'}"
+            "/<class>/ to cross-validate over all of them, or drop data.num_folds to validate on it"
+        )
+    check_class_counts(labels, num_folds, class_names)
 
 
 def check_class_counts(labels: Sequence[int], num_folds: int, class_names: Sequence[str]) -> None:
@@ -54,8 +71,33 @@ def stratified_folds(labels: Sequence[int], num_folds: int, seed: int) -> list[l
     return [sorted(f) for f in folds]
 
 
-def fold_split(labels: Sequence[int], num_folds: int, fold: int, seed: int) -> tuple[list[int], list[int]]:
-    """(train indices, validation indices): fold `fold` validates, the other folds train."""
+def fold_split(
+    labels: Sequence[int], num_folds: int, fold: int, seed: int, class_names: Sequence[str] | None = None
+) -> tuple[list[int], list[int]]:
+    """(train indices, validation indices): fold `fold` validates, the other folds train. With `class_names`,
+    first a UserError naming any class with fewer images than folds."""
+    if class_names is not None:
+        check_class_counts(labels, num_folds, class_names)
     folds = stratified_folds(labels, num_folds, seed)
     train = sorted(i for k, f in enumerate(folds) if k != fold for i in f)
     return train, folds[fold]
+
+
+class KFoldMixin:
+    """`num_folds` and `fold` for a DataModule (listed before `ImageDataModule` among its bases): its training
+    images split into stratified folds, seeded by `data.seed`, one of which validates (`fold_indices`).
+
+    Args:
+        num_folds: Split the training images into this many stratified folds (seeded by `seed`) instead of
+            the DataModule's own validation split (for `python -m project cv`). Default: no folds.
+        fold: The fold that validates (0 to num_folds - 1); the other folds train.
+    """
+
+    def __init__(self, *args: Any, num_folds: int | None = None, fold: int = 0, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        check_fold_args(num_folds, fold)
+        self.num_folds, self.fold = num_folds, fold
+
+    def fold_indices(self, labels: Sequence[int]) -> tuple[list[int], list[int]]:
+        """(train indices, validation indices) of fold `fold`; a UserError for a class smaller than the folds."""
+        return fold_split(labels, self.num_folds, self.fold, self.seed, self.class_names)

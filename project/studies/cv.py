@@ -155,7 +155,8 @@ def cv(
         )
     _, config = parse_fit_args([*fit_args, *fold_flags, "0"])
     datamodule = build_datamodule(config)  # the data's checks (class counts, a val folder) before any fold
-    if test_ensemble and not datamodule.has_test_split:
+    # Class folders may lack `root/test` (testing then falls back to validation); CIFAR's is the official one.
+    if test_ensemble and getattr(datamodule, "test_dir", True) is None:
         warn("--test_ensemble: the data has no test split, so there is no ensemble to evaluate")
         test_ensemble = False
     name = name or config_stem(fit_args, "cv")

@@ -73,7 +73,9 @@ def check_search(fit_args: list[str], space: SearchSpace) -> None:
                 try:
                     parse_fit_args([*fit_args, *as_flags({key: value})])
                 except UserError as alone:
-                    raise UserError(f"search file {space.source}: {key}={value!r} is refused: {alone}") from None
+                    raise UserError(
+                        f"search file {space.source}: {key}={value!r} is refused: {alone}"
+                    ) from None
             raise UserError(f"search file {space.source}: {e}") from None
 
 
