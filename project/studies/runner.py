@@ -13,6 +13,7 @@ import fcntl
 import inspect
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -180,7 +181,7 @@ def run_fit(fit_args: Sequence[str], root_dir: Path, what: str, env: dict[str, s
     exits with status 143, leaving the run to be resumed."""
     command = [sys.executable, "-m", "project", "fit", *map(str, fit_args)]
     command += ["--trainer.default_root_dir", str(root_dir), *(["--ckpt_path", "last"] if resume else [])]
-    print(f"{what}: {' '.join(command[1:])}", flush=True)
+    print(f"{what}: {shlex.join(['python', *command[1:]])}", flush=True)
     process = subprocess.Popen(command, env=os.environ | env, preexec_fn=_stop_with_parent(os.getpid()))
     stopped: list[int] = []
 
