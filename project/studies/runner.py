@@ -23,7 +23,8 @@ from typing import Any
 
 from jsonargparse import ArgumentParser, Namespace
 
-from project.errors import UserError
+from project.data import ImageDataModule
+from project.errors import UserError, find_user_error
 from project.io import atomic_write_text, staged_outputs
 
 SETTINGS_FILE = "settings.json"
@@ -95,9 +96,6 @@ def config_stem(fit_args: Sequence[str], default: str) -> str:
 
 def build_datamodule(config: Namespace) -> Any:
     """Instantiate only the `data` section of a parsed config: the DataModule's own checks run now."""
-    from project.data import ImageDataModule
-    from project.errors import find_user_error
-
     parser = ArgumentParser(exit_on_error=False)
     parser.add_subclass_arguments(ImageDataModule, "data", required=True)
     try:
