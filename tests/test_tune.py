@@ -196,6 +196,27 @@ def test_tune_flags_are_its_own_and_the_rest_goes_to_fit(capsys):
         parse_args(["--search", "s.yaml", "--pruner", "sometimes"])
 
 
+def test_the_readme_lines_that_start_studies_on_slurm_or_many_gpus_parse(tmp_path):
+    """The `python -m project cv|tune` commands inside the README's sbatch and shell-loop lines (the lines
+    that start with `python -m project` are parsed by tests/test_readme.py)."""
+    from project.studies import cv
+    from project.studies.runner import parse_fit_args
+
+    embedded = []
+    for line in (ROOT / "README.md").read_text().splitlines():
+        if not line.startswith("python -m project ") and (
+            found := re.search(r"python -m project (cv|tune) [^'&]*", line)
+        ):
+            embedded.append(found.group(0).replace("$SLURM_ARRAY_TASK_ID", "3"))
+    assert len(embedded) >= 3 and {c.split()[3] for c in embedded} == {"cv", "tune"}
+    for command in embedded:
+        args = command.split()[4:]
+        kwargs = (cv.parse_args if command.split()[3] == "cv" else parse_args)(args)
+        parse_fit_args(kwargs["fit_args"])  # what goes to every fit parses as `fit`'s arguments
+        if "--folds_to_run" in args:
+            assert cv.fold_numbers(kwargs["folds"], kwargs["folds_to_run"]) == [3]
+
+
 # -- end to end ----------------------------------------------------------------------------------------------
 def _study(root: Path, name: str) -> optuna.Study:
     return optuna.load_study(

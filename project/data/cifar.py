@@ -130,9 +130,7 @@ class CIFARDataModule(KFoldMixin, ImageDataModule):
                 )
             perm = torch.randperm(len(images), generator=torch.Generator().manual_seed(self.seed))
             val_idx, train_idx = perm[: self.val_size], perm[self.val_size :]
-            if (
-                self.num_folds is not None
-            ):  # then the statistics of the training folds, not of all 50,000 images
+            if self.num_folds is not None:  # and the statistics of the training folds, not of all 50,000
                 train_idx, val_idx = map(torch.tensor, self.fold_indices(targets))
                 self.mean, self.std = channel_mean_std(images[train_idx].split(4096))
             sample_transform = v2.TrivialAugmentWide() if self.trivial_augment else None
