@@ -21,6 +21,8 @@ TOOLS = {
     "quantize": ("project.export.quantize:main", "INT8 quantization report: accuracy, latency, size"),
     "serve": ("project.serve.server:main", "HTTP prediction endpoint (LitServe)"),
     "predict_onnx": ("project.export.predict_onnx:main", "batched inference from an exported ONNX model"),
+    "cv": ("project.studies.cv:main", "k-fold cross-validation: one fit per fold, then the table"),
+    "tune": ("project.studies.tune:main", "hyperparameter search with Optuna: one fit per trial"),
 }
 
 USAGE = "python -m project"

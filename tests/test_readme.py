@@ -29,9 +29,11 @@ def test_readme_command_parses(command, image_folder, capsys, monkeypatch):
         module = __import__(TOOLS[args[0]][0].split(":")[0], fromlist=["parse_args"])
         kwargs = module.parse_args(args[1:])  # every flag known and well typed; nothing is run
         given = dict(zip(args[1::2], args[2::2], strict=False))
-        assert {k: str(kwargs[k[2:]]) for k in given if k != "--config"} == {
-            k: v for k, v in given.items() if k != "--config"
-        }
+        # cv and tune pass every flag that is not their own to each `fit`, in order, as `fit_args`.
+        forwarded = dict(zip(kwargs.get("fit_args", [])[::2], kwargs.get("fit_args", [])[1::2], strict=False))
+        assert {
+            k: forwarded[k] if k in forwarded else str(kwargs[k[2:]]) for k in given if k != "--config"
+        } == {k: v for k, v in given.items() if k != "--config"}
         return
     args = [a for a in args if a != "--print_config"] + ["--print_config"]
     with pytest.raises(SystemExit) as exit_info:

@@ -66,7 +66,9 @@ def test_norm_biases_get_their_own_learning_rate_and_the_same_decay_per_step():
     others = [g for g in groups if g is not scaled]
     # OneCycle starts every group at max_lr / 25: the scaled group's own max_lr keeps it 64x faster.
     assert all(abs(scaled["lr"] - 64 * g["lr"]) < 1e-9 for g in others)
-    assert all(abs(scaled["lr"] * scaled["weight_decay"] - g["lr"] * g["weight_decay"]) < 1e-12 for g in others)
+    assert all(
+        abs(scaled["lr"] * scaled["weight_decay"] - g["lr"] * g["weight_decay"]) < 1e-12 for g in others
+    )
     assert config["lr_scheduler"]["scheduler"].total_steps == 10
 
 

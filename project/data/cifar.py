@@ -9,6 +9,8 @@ from torchvision import datasets
 from torchvision.transforms import v2
 
 from project.data.datamodule import ImageDataModule
+from project.data.folds import KFoldMixin
+from project.data.image_cache import channel_mean_std
 from project.data.tensor_dataset import TensorImageDataset
 from project.errors import UserError
 
@@ -43,7 +45,7 @@ _CIFAR100 = (
 _CLASSES = {"cifar10": _CIFAR10.split(), "cifar100": _CIFAR100.split()}
 
 
-class CIFARDataModule(ImageDataModule):
+class CIFARDataModule(KFoldMixin, ImageDataModule):
     """CIFAR-10 or CIFAR-100 from torchvision, with a seeded train/validation split.
 
     The 50,000 training images are split into `50,000 - val_size` for training and `val_size` for
@@ -57,7 +59,8 @@ class CIFARDataModule(ImageDataModule):
         download: Download the dataset if it is not in `data_dir` (only in `prepare_data`, on one process).
         val_size: Training images held out for validation.
         trivial_augment: Add TrivialAugmentWide (Müller & Hutter, 2021), per image in the loader workers.
-        **kwargs: Loader and augmentation settings of `ImageDataModule` (batch_size, num_workers, ...).
+        **kwargs: `num_folds` and `fold` (k-fold cross-validation over the training split, see `KFoldMixin`),
+            and the loader and augmentation settings of `ImageDataModule` (batch_size, num_workers, ...).
     """
 
     def __init__(
@@ -137,6 +140,9 @@ class CIFARDataModule(ImageDataModule):
                 )
             perm = torch.randperm(len(images), generator=torch.Generator().manual_seed(self.seed))
             val_idx, train_idx = perm[: self.val_size], perm[self.val_size :]
+            if self.num_folds is not None:  # and the statistics of the training folds, not of all 50,000
+                train_idx, val_idx = map(torch.tensor, self.fold_indices(targets))
+                self.mean, self.std = channel_mean_std(images[train_idx].split(4096))
             sample_transform = v2.TrivialAugmentWide() if self.trivial_augment else None
             self.train_set = TensorImageDataset(images, targets, train_idx, sample_transform=sample_transform)
             self.val_set = TensorImageDataset(images, targets, val_idx)

@@ -8,6 +8,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torch.utils.data import Dataset
 
 from project.data.datamodule import ImageDataModule, available_cpus
+from project.data.folds import KFoldMixin, check_folder_folds
 from project.data.image_cache import ImageCache, default_cache_dir, drop_bad, sampled_mean_std
 from project.data.images import (
     MAX_IMAGE_PIXELS,
@@ -21,7 +22,7 @@ from project.data.tensor_dataset import TensorImageDataset
 from project.errors import UserError
 
 
-class ImageFolderDataModule(ImageDataModule):
+class ImageFolderDataModule(KFoldMixin, ImageDataModule):
     """Images in class folders, of any size and mode, resized once to `image_size` and cached.
 
     Layouts (class names come from the folder names, sorted):
@@ -49,7 +50,8 @@ class ImageFolderDataModule(ImageDataModule):
         predict_root: A folder of unlabeled images (any depth) for `predict`; default `root/test` if it
             exists, else the validation split.
         crop_padding: Padding of the training random crop; default `image_size // 8` (4 at 32 pixels).
-        **kwargs: Loader and augmentation settings of `ImageDataModule` (batch_size, num_workers, ...).
+        **kwargs: `num_folds` and `fold` (k-fold cross-validation over the training images, see `KFoldMixin`),
+            and the loader and augmentation settings of `ImageDataModule` (batch_size, num_workers, ...).
     """
 
     def __init__(
@@ -92,6 +94,7 @@ class ImageFolderDataModule(ImageDataModule):
                 f"data.val_fraction must be in (0, 1) when there is no {val_dir}, got {val_fraction}"
             )
         self.val_fraction = val_fraction
+        check_folder_folds(self.num_folds, self.fold, self.train_labels, self._classes, self.val_dir)
         self._given_stats = (mean, std) if mean is not None and std is not None else None
         if self._given_stats:
             self.mean, self.std = mean, std
@@ -144,6 +147,8 @@ class ImageFolderDataModule(ImageDataModule):
 
     def _split(self) -> tuple[list[int], list[int]]:
         """Stratified, seeded split of the training folder: (train indices, val indices)."""
+        if self.num_folds is not None:
+            return self.fold_indices(self.train_labels)
         g = torch.Generator().manual_seed(self.seed)
         labels = torch.tensor(self.train_labels)
         train_idx, val_idx = [], []

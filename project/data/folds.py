@@ -1,0 +1,103 @@
+"""Stratified k-fold splits: a pure function of the labels, the number of folds and the seed.
+
+Nothing else goes in (no rank, no time, no file order beyond the labels' own order), so every rerun and every
+DDP process computes the same folds.
+"""
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from project.errors import UserError
+
+
+def check_fold_args(num_folds: int | None, fold: int) -> None:
+    """A UserError naming `data.num_folds` or `data.fold` when they do not describe a fold."""
+    if num_folds is None:
+        if fold != 0:
+            raise UserError(f"data.fold={fold} needs data.num_folds (the number of folds it is one of)")
+        return
+    if num_folds < 2:
+        raise UserError(f"data.num_folds must be at least 2, got {num_folds}")
+    if not 0 <= fold < num_folds:
+        raise UserError(f"data.fold={fold} is outside [0, {num_folds}) (data.num_folds={num_folds})")
+
+
+def check_folder_folds(
+    num_folds: int | None, fold: int, labels: Sequence[int], class_names: Sequence[str], val_dir: Any
+) -> None:
+    """The checks of a class-folder dataset's folds, in its __init__: before anything runs."""
+    check_fold_args(num_folds, fold)
+    if num_folds is None:
+        return
+    if val_dir is not None:
+        raise UserError(
+            f"data.num_folds={num_folds} with the validation folder {val_dir}: the folds are drawn from the "
+            f"training images, so that folder would be ignored. Move its images into {val_dir.parent / 'train'}"
+            "/<class>/ to cross-validate over all of them, or drop data.num_folds to validate on it"
+        )
+    check_class_counts(labels, num_folds, class_names)
+
+
+def check_class_counts(labels: Sequence[int], num_folds: int, class_names: Sequence[str]) -> None:
+    """A UserError naming the first class with fewer images than folds (each fold needs one of every class)."""
+    counts = torch.bincount(torch.as_tensor(labels, dtype=torch.long), minlength=len(class_names))
+    for name, count in zip(class_names, counts.tolist(), strict=True):
+        if count < num_folds:
+            raise UserError(
+                f"class {name!r} has {count} image(s), fewer than data.num_folds={num_folds}: every fold needs "
+                "at least one image of every class; add images or choose fewer folds"
+            )
+
+
+def stratified_folds(labels: Sequence[int], num_folds: int, seed: int) -> list[list[int]]:
+    """The indices of each of `num_folds` folds, each sorted; together they cover every index exactly once.
+
+    Each class's indices are shuffled by a generator seeded with `seed` and dealt round-robin into the
+    folds, each class starting where the previous one stopped: every fold holds the floor or the ceiling of
+    each class's share, and the folds' sizes differ by at most one.
+    """
+    labels = torch.as_tensor(labels, dtype=torch.long)
+    generator = torch.Generator().manual_seed(seed)
+    folds: list[list[int]] = [[] for _ in range(num_folds)]
+    start = 0
+    for c in torch.unique(labels, sorted=True).tolist():
+        idx = (labels == c).nonzero().flatten()
+        idx = idx[torch.randperm(len(idx), generator=generator)].tolist()
+        for i, index in enumerate(idx):
+            folds[(start + i) % num_folds].append(index)
+        start = (start + len(idx)) % num_folds
+    return [sorted(f) for f in folds]
+
+
+def fold_split(
+    labels: Sequence[int], num_folds: int, fold: int, seed: int, class_names: Sequence[str] | None = None
+) -> tuple[list[int], list[int]]:
+    """(train indices, validation indices): fold `fold` validates, the other folds train. With `class_names`,
+    first a UserError naming any class with fewer images than folds."""
+    if class_names is not None:
+        check_class_counts(labels, num_folds, class_names)
+    folds = stratified_folds(labels, num_folds, seed)
+    train = sorted(i for k, f in enumerate(folds) if k != fold for i in f)
+    return train, folds[fold]
+
+
+class KFoldMixin:
+    """`num_folds` and `fold` for a DataModule (listed before `ImageDataModule` among its bases): its training
+    images split into stratified folds, seeded by `data.seed`, one of which validates (`fold_indices`).
+
+    Args:
+        num_folds: Split the training images into this many stratified folds (seeded by `seed`) instead of
+            the DataModule's own validation split (for `python -m project cv`). Default: no folds.
+        fold: The fold that validates (0 to num_folds - 1); the other folds train.
+    """
+
+    def __init__(self, *args: Any, num_folds: int | None = None, fold: int = 0, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        check_fold_args(num_folds, fold)
+        self.num_folds, self.fold = num_folds, fold
+
+    def fold_indices(self, labels: Sequence[int]) -> tuple[list[int], list[int]]:
+        """(train indices, validation indices) of fold `fold`; a UserError for a class smaller than the folds."""
+        return fold_split(labels, self.num_folds, self.fold, self.seed, self.class_names)

@@ -1,0 +1,8 @@
+"""Studies made of many ordinary `fit` runs: k-fold cross-validation (`cv`) and hyperparameter search (`tune`).
+
+Each run is `python -m project fit` in a subprocess, with the user's configs and flags passed through
+unchanged, in its own folder under `trainer.default_root_dir`: every preset and flag of `fit` works inside a
+fold or a trial. `runner` holds what both need (argument splitting, the fit subprocess, resumable folders,
+result tables); `cv`, `tune`, `search` (search files) and `pruning` (the callback inside a trial's fit)
+build on it. This is a tool layer: it imports the CLI, data, run and io layers, and nothing imports it.
+"""

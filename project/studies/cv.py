@@ -1,0 +1,216 @@
+"""`python -m project cv`: k-fold cross-validation, each fold an ordinary `fit` in its own folder.
+
+Folds run one after another as `python -m project fit <your flags> --data.num_folds K --data.fold k` in
+`<trainer.default_root_dir>/cv/<name>/fold_<k>/`, each with `--ckpt_path last`: a killed study, rerun with
+the same command, skips the folds whose `fold_result.json` exists and resumes the interrupted one from its
+`last.ckpt`. A fold's result is its best checkpoint (the run's `checkpoint.monitor`, `val/acc` by default)
+evaluated here on its validation fold: `val/acc`, `val/loss` and the accuracy of every class, from exactly the
+model that checkpoint holds. Once every fold is complete, the summary (mean and sample standard deviation over
+the folds) is written beside them as `cv_results.md` and `cv_results.json` and logged to W&B.
+"""
+
+import json
+import statistics
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+
+from project.errors import UserError, warn
+from project.io import atomic_write_text
+from project.run.run_folder import DEFAULT_ROOT_DIR
+from project.studies.evaluate import evaluate, load_best
+from project.studies.runner import (
+    build_datamodule,
+    claim_folder,
+    config_stem,
+    folder_lock,
+    log_table,
+    markdown_table,
+    parse_fit_args,
+    parse_study_args,
+    read_json,
+    run_fit,
+    wandb_env,
+    write_results,
+)
+
+RESULT_FILE = "fold_result.json"
+METRICS = ("val/acc", "val/loss")
+
+
+def fold_numbers(folds: int, folds_to_run: str | None) -> list[int]:
+    """The folds to run: all of them, or those listed in `folds_to_run` (`0,2`)."""
+    if folds < 2:
+        raise UserError(f"--folds must be at least 2, got {folds}")
+    if folds_to_run is None:
+        return list(range(folds))
+    try:
+        chosen = sorted({int(k) for k in str(folds_to_run).split(",") if k.strip()})
+    except ValueError:
+        raise UserError(
+            f"--folds_to_run must be fold numbers separated by commas, got {folds_to_run!r}"
+        ) from None
+    outside = [k for k in chosen if not 0 <= k < folds]
+    if outside or not chosen:
+        raise UserError(f"--folds_to_run {folds_to_run}: folds are numbered 0 to {folds - 1}")
+    return chosen
+
+
+def fold_result(fold_dir: Path, fold: int) -> dict[str, Any]:
+    """The fold's best checkpoint evaluated on its validation fold."""
+    best = load_best(fold_dir)
+    result = evaluate(best, "val")
+    return {
+        "fold": fold,
+        "val/acc": result.accuracy,
+        "val/loss": result.loss,
+        "epoch": best.epoch,
+        "val_images": len(result.targets),
+        "class_acc": result.class_accuracy(best.datamodule.class_names),
+        "monitored_best": best.recorded_score,
+        "checkpoint": str(best.ckpt_path.absolute()),
+    }
+
+
+def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """Mean and sample standard deviation over the folds of each metric, and each class's mean accuracy."""
+    summary: dict[str, Any] = {"folds": len(results)}
+    for key in (*METRICS, "epoch"):
+        values = [float(r[key]) for r in results]
+        summary[key] = {"mean": statistics.fmean(values), "std": statistics.stdev(values)}
+    names = list(results[0]["class_acc"])
+    summary["class_acc"] = {
+        name: statistics.fmean(r["class_acc"][name] for r in results if r["class_acc"][name] is not None)
+        for name in names
+    }
+    return summary
+
+
+def test_ensemble_result(fold_dirs: list[Path]) -> dict[str, Any]:
+    """Test accuracy of each fold's best model, and of their average (the mean of their softmax outputs)."""
+    singles, probs, targets = [], None, None
+    for fold_dir in fold_dirs:
+        evaluation = evaluate(load_best(fold_dir), "test")
+        singles.append(evaluation.accuracy)
+        probs = evaluation.probs if probs is None else probs + evaluation.probs
+        if targets is not None and not torch.equal(targets, evaluation.targets):
+            raise UserError(f"the test split of {fold_dir} differs from the other folds' test split")
+        targets = evaluation.targets
+    ensemble = float((probs.argmax(1) == targets).double().mean())
+    return {
+        "test/acc_ensemble": ensemble,
+        "test/acc_single": {"mean": statistics.fmean(singles), "std": statistics.stdev(singles)},
+        "test/acc_per_fold": singles,
+        "test_images": len(targets),
+    }
+
+
+def report(results: list[dict[str, Any]], summary: dict[str, Any], ensemble: dict[str, Any] | None) -> str:
+    columns = ["fold", "val/acc", "val/loss", "best epoch", "val images"]
+    rows = [[r["fold"], r["val/acc"], r["val/loss"], r["epoch"], r["val_images"]] for r in results]
+    rows.append(["mean ± std", *(f"{summary[k]['mean']:.4f} ± {summary[k]['std']:.4f}" for k in METRICS)])
+    rows[-1] += [f"{summary['epoch']['mean']:.1f} ± {summary['epoch']['std']:.1f}", ""]
+    text = markdown_table(columns, rows)
+    text += "\nPer-class validation accuracy, mean over folds:\n\n"
+    text += markdown_table(["class", "val/acc"], list(summary["class_acc"].items()))
+    if ensemble is not None:
+        single = ensemble["test/acc_single"]
+        text += (
+            f"\nTest split ({ensemble['test_images']} images): ensemble of the {len(results)} folds' best models "
+            f"{ensemble['test/acc_ensemble']:.4f}; single folds {single['mean']:.4f} ± {single['std']:.4f}\n"
+        )
+    return text
+
+
+def cv(
+    fit_args: list[str],
+    folds: int = 5,
+    folds_to_run: str | None = None,
+    name: str | None = None,
+    test_ensemble: bool = False,
+    wandb: bool = True,
+    wandb_project: str = "lightning-template",
+) -> dict[str, Any] | None:
+    """K-fold cross-validation: every fold an ordinary `python -m project fit` in its own folder, then a table.
+
+    Args:
+        fit_args: The arguments every fold's `fit` gets (all flags that are not cv's own).
+        folds: Number of folds K (at least 2): stratified, seeded by data.seed, over the training images.
+        folds_to_run: The folds this command runs, comma-separated (`0,2`), e.g. one per GPU node or SLURM
+            array task; default: all. The summary is written by the command that finds every fold complete.
+        name: The study's folder, `<trainer.default_root_dir>/cv/<name>/`. Default: the last --config's name.
+        test_ensemble: Also evaluate the average of the folds' best models (mean of softmax probabilities) on
+            the test split, if the data has one, beside the single folds' mean.
+        wandb: Log the summary table to a W&B run (offline unless WANDB_MODE=online) in the folds' group.
+        wandb_project: W&B project of that run.
+    """
+    to_run = fold_numbers(folds, folds_to_run)
+    fold_flags = ["--data.num_folds", str(folds), "--data.fold"]
+    parser, config = parse_fit_args(fit_args)
+    if "num_folds" not in config.data.get("init_args", {}):
+        raise UserError(
+            f"{config.data.class_path} has no num_folds/fold arguments: it cannot be cross-validated"
+        )
+    _, config = parse_fit_args([*fit_args, *fold_flags, "0"])
+    datamodule = build_datamodule(config)  # the data's checks (class counts, a val folder) before any fold
+    # Class folders may lack `root/test` (testing then falls back to validation); CIFAR's is the official one.
+    if test_ensemble and getattr(datamodule, "test_dir", True) is None:
+        warn("--test_ensemble: the data has no test split, so there is no ensemble to evaluate")
+        test_ensemble = False
+    name = name or config_stem(fit_args, "cv")
+    study_dir = Path(config.trainer.default_root_dir or DEFAULT_ROOT_DIR) / "cv" / name
+    claim_folder(
+        study_dir,
+        {"folds": folds, "fit": yaml.safe_load(parser.dump(config))},
+        "the cross-validation",
+        "--name",
+    )
+    for k in to_run:
+        fold_dir = study_dir / f"fold_{k}"
+        if (fold_dir / RESULT_FILE).exists():
+            print(f"fold {k}: complete ({fold_dir / RESULT_FILE}), skipped")
+            continue
+        with folder_lock(fold_dir, f"fold {k}"):
+            env = wandb_env(f"cv-{name}", f"{name}-fold_{k}", "cv-fold")
+            run_fit([*fit_args, *fold_flags, str(k)], fold_dir, f"fold {k} of {folds}", env, resume=True)
+            result = fold_result(fold_dir, k)
+            atomic_write_text(
+                fold_dir / RESULT_FILE, json.dumps(result, indent=2) + "\n"
+            )  # last: marks the fold complete
+        print(f"fold {k}: val/acc {result['val/acc']:.4f}, val/loss {result['val/loss']:.4f}")
+    results = [read_json(study_dir / f"fold_{k}" / RESULT_FILE) for k in range(folds)]
+    missing = [k for k, r in enumerate(results) if r is None]
+    if missing:
+        print(
+            f"folds {', '.join(map(str, missing))} are not complete yet: the summary is written once they are"
+        )
+        return None
+    summary = summarize(results)
+    ensemble = (
+        test_ensemble_result([study_dir / f"fold_{k}" for k in range(folds)]) if test_ensemble else None
+    )
+    text = report(results, summary, ensemble)
+    payload = {"name": name, "folds": results, "summary": summary, "test_ensemble": ensemble}
+    write_results(study_dir, "cv_results", text, payload, {})
+    print(f"\n{text}\nwritten to {study_dir / 'cv_results.md'} and cv_results.json")
+    if wandb:
+        rows = [[r["fold"], r["val/acc"], r["val/loss"], r["epoch"]] for r in results]
+        flat = {f"{k}_{stat}": summary[k][stat] for k in METRICS for stat in ("mean", "std")}
+        flat |= {"test/acc_ensemble": ensemble["test/acc_ensemble"]} if ensemble else {}
+        columns = ["fold", "val/acc", "val/loss", "best epoch"]
+        run_dir = log_table(
+            "cv/folds", columns, rows, flat, study_dir, wandb_project, f"cv-{name}", "cv-summary"
+        )
+        print(f"W&B run: {run_dir}")
+    return payload
+
+
+def parse_args(args: list[str]) -> dict:
+    """The keyword arguments of `cv` for a command line (checks it without running anything)."""
+    return parse_study_args(cv, args, prog="python -m project cv")
+
+
+def main(args: list[str]) -> None:
+    cv(**parse_args(args))

@@ -1,0 +1,106 @@
+"""`TrialPruning`: the callback inside a trial's `fit` that reports to the Optuna study and stops bad trials.
+
+`tune` adds it to each trial's command line (`--trainer.callbacks+=...`) with the study's name, the trial's
+number and the pruner's settings; the storage URL comes through the environment (`PROJECT_TUNE_STORAGE`), so
+a database password never lands in the run's config.yaml, its W&B config or the process list.
+"""
+
+import os
+from typing import Any, Literal
+
+import lightning as L
+import optuna
+from lightning.pytorch.callbacks import Callback
+
+from project.errors import UserError
+
+STORAGE_ENV = "PROJECT_TUNE_STORAGE"
+#: The user attribute a pruned trial's fit sets: how many validations it ran before it was stopped.
+PRUNED_ATTR = "pruned_after_validations"
+Pruner = Literal["median", "hyperband", "none"]
+
+
+def make_pruner(kind: Pruner, startup_trials: int, warmup: int) -> optuna.pruners.BasePruner:
+    """Optuna's median or Hyperband pruner (or none): the same settings in the study and in every trial."""
+    if kind == "median":
+        return optuna.pruners.MedianPruner(n_startup_trials=startup_trials, n_warmup_steps=warmup)
+    if kind == "hyperband":
+        return optuna.pruners.HyperbandPruner(min_resource=max(1, warmup))
+    return optuna.pruners.NopPruner()
+
+
+class TrialPruning(Callback):
+    """After every validation, reports `monitor` to the trial (step = validations so far, i.e. epochs), asks
+    the study's pruner, and stops the fit when it says so: Lightning's `should_stop`, so the run ends as a
+    normal one does (checkpoints written, W&B run finished) and the trial is marked with `PRUNED_ATTR`.
+    Under DDP, global rank 0 talks to the study and broadcasts the decision.
+
+    Not optuna-integration's `PyTorchLightningPruningCallback`, although it runs with Lightning 2.6 (checked
+    with optuna-integration 5.0): it needs a live `optuna.trial.Trial` object, which a fit started from the
+    command line cannot be given, and in a single process it raises `TrialPruned` out of `trainer.fit`, ending
+    the process with a traceback and a failing exit status that the waiting `tune` cannot tell from a crash
+    (its graceful DDP path is chosen through Lightning's private `_accelerator_connector`).
+
+    Args:
+        study_name: The Optuna study.
+        trial_number: The trial this fit is.
+        monitor: The metric reported and optimised (logged by the model, e.g. `val/acc_best`).
+        pruner: `median` (Optuna's MedianPruner), `hyperband` (HyperbandPruner) or `none`.
+        startup_trials: Median pruner: no pruning until this many trials have finished.
+        warmup: Median pruner: no pruning in a trial's first `warmup` validations; Hyperband: its min_resource.
+        storage: The study's storage URL; default: the environment variable PROJECT_TUNE_STORAGE.
+    """
+
+    def __init__(
+        self,
+        study_name: str,
+        trial_number: int,
+        monitor: str = "val/acc_best",
+        pruner: Pruner = "median",
+        startup_trials: int = 5,
+        warmup: int = 0,
+        storage: str | None = None,
+    ) -> None:
+        self.study_name, self.trial_number, self.monitor = study_name, trial_number, monitor
+        self.pruner = make_pruner(pruner, startup_trials, warmup)
+        self.storage = storage
+        self._trial: optuna.trial.Trial | None = None
+        self._validations = 0
+
+    def _connect(self) -> optuna.trial.Trial:
+        url = self.storage or os.environ.get(STORAGE_ENV)
+        if not url:
+            raise UserError(f"TrialPruning needs the study's storage URL: set {STORAGE_ENV} (tune does)")
+        storage = optuna.storages.RDBStorage(url)
+        study = optuna.load_study(study_name=self.study_name, storage=storage, pruner=self.pruner)
+        study_id = storage.get_study_id_from_name(self.study_name)
+        return optuna.trial.Trial(
+            study, storage.get_trial_id_from_study_id_trial_number(study_id, self.trial_number)
+        )
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.is_global_zero and self._trial is None:
+            self._trial = self._connect()
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.sanity_checking:
+            return
+        self._validations += 1
+        prune = False
+        if trainer.is_global_zero:
+            value = trainer.callback_metrics.get(self.monitor)
+            if value is None:
+                logged = ", ".join(sorted(k for k in trainer.callback_metrics if "/" in k))
+                raise UserError(f"the search's metric {self.monitor} was not logged (logged: {logged})")
+            self._trial.report(float(value), step=self._validations)
+            prune = self._trial.should_prune()
+            if prune:
+                self._trial.set_user_attr(PRUNED_ATTR, self._validations)
+        if trainer.strategy.broadcast(prune):
+            trainer.should_stop = True
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"validations": self._validations}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._validations = int(state_dict.get("validations", 0))

@@ -1,0 +1,264 @@
+"""What `cv` and `tune` share: their command lines, the `fit` subprocess, resumable folders and result tables.
+
+A study's command line is the tool's own flags plus everything else, which goes to every `fit` unchanged (in
+its order: later `--config` files and flags win, as in `fit`). Each fit runs as `python -m project fit` in
+its own folder (`--trainer.default_root_dir`). A killed study leaves each folder either complete (its result
+file, written last and atomically, exists) or resumable; the study folder records the settings it was
+started with, so a rerun with other settings cannot mix its runs into it.
+"""
+
+import contextlib
+import ctypes
+import fcntl
+import inspect
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from jsonargparse import ArgumentParser, Namespace
+
+from project.data import ImageDataModule
+from project.errors import UserError, find_user_error
+from project.io import atomic_write_text, staged_outputs
+
+SETTINGS_FILE = "settings.json"
+#: Forwarded flags the study sets itself for every fit.
+RESERVED = ("--ckpt_path",)
+
+
+class FitFailed(UserError):
+    """A fit subprocess ended without finishing; the message names the run and its folder."""
+
+
+# -- command lines -----------------------------------------------------------------------------------------
+def split_args(args: Sequence[str], own: set[str]) -> tuple[list[str], list[str]]:
+    """(the tool's own flags with their values, every other argument in its order) of a command line."""
+    mine, forwarded, i = [], [], 0
+    while i < len(args):
+        arg = str(args[i])
+        name = arg[2:].split("=", 1)[0] if arg.startswith("--") else None
+        target = mine if name in own else forwarded
+        target.append(arg)
+        if (
+            name is not None
+            and "=" not in arg
+            and i + 1 < len(args)
+            and not str(args[i + 1]).startswith("--")
+        ):
+            target.append(str(args[i + 1]))
+            i += 1
+        i += 1
+    return mine, forwarded
+
+
+def parse_study_args(function: Callable[..., Any], args: Sequence[str], prog: str) -> dict[str, Any]:
+    """Keyword arguments of `function` (typed, documented parameters) for a command line; every argument that
+    is not one of them goes, in order, into `fit_args`. A bad flag prints the usage and exits with status 2."""
+    own = {name for name in inspect.signature(function).parameters if name != "fit_args"} | {"help"}
+    mine, fit_args = split_args([a if a != "-h" else "--help" for a in map(str, args)], own)
+    doc = inspect.getdoc(function) or ""
+    parser = ArgumentParser(
+        prog=prog,
+        description=doc.split("\n\nArgs:")[0],
+        epilog="Every other flag (--config, --model.*, --data.*, --trainer.*, ...) is passed to each `fit` unchanged.",
+    )
+    parser.add_function_arguments(function, as_group=False, skip={"fit_args"})
+    return parser.parse_args(mine).as_dict() | {"fit_args": fit_args}
+
+
+def parse_fit_args(fit_args: Sequence[str]) -> tuple[Any, Namespace]:
+    """(the `fit` parser, the parsed config) of the forwarded arguments: a bad file, key or value is a
+    UserError naming it, before any fit starts."""
+    from project.cli import fit_parser  # the whole LightningCLI stack: only for the commands that need it
+
+    for flag in RESERVED:
+        if any(str(a).split("=", 1)[0] == flag for a in fit_args):
+            raise UserError(f"{flag} is set by the study for every run it starts; leave it out")
+    parser = fit_parser()
+    try:
+        return parser, parser.parse_args([str(a) for a in fit_args])
+    except Exception as e:  # jsonargparse's ArgumentError: its first line names the key and value
+        raise UserError(str(e).strip().splitlines()[0]) from None
+
+
+def config_stem(fit_args: Sequence[str], default: str) -> str:
+    """The file name (without suffix) of the last `--config` given, the default name of a study."""
+    configs = [fit_args[i + 1] for i, a in enumerate(fit_args[:-1]) if a in ("--config", "-c")]
+    configs += [a.split("=", 1)[1] for a in fit_args if a.startswith("--config=")]
+    return Path(configs[-1]).stem if configs else default
+
+
+def build_datamodule(config: Namespace) -> Any:
+    """Instantiate only the `data` section of a parsed config: the DataModule's own checks run now."""
+    parser = ArgumentParser(exit_on_error=False)
+    parser.add_subclass_arguments(ImageDataModule, "data", required=True)
+    try:
+        return parser.instantiate_classes(parser.parse_object({"data": config.data.clone()})).data
+    except Exception as e:  # jsonargparse wraps what a class's __init__ raises
+        raise (find_user_error(e) or e) from None
+
+
+# -- folders -------------------------------------------------------------------------------------------------
+def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(value, dict):
+        return {k: v for key, item in value.items() for k, v in _flatten(item, f"{prefix}{key}.").items()}
+    return {prefix.rstrip("."): value}
+
+
+def claim_folder(folder: Path, settings: dict[str, Any], what: str, name_flag: str) -> None:
+    """Record `settings` in `folder` on first use; later, a UserError naming the first setting that differs.
+
+    So a rerun continues only the study it was started as, never mixes other settings' runs into it.
+    """
+    path = folder / SETTINGS_FILE
+    settings = json.loads(json.dumps(settings, default=str))
+    if not path.exists():
+        atomic_write_text(path, json.dumps(settings, indent=2) + "\n")
+        return
+    before, now = _flatten(json.loads(path.read_text())), _flatten(settings)
+    for key in sorted(before.keys() | now.keys()):
+        if before.get(key) != now.get(key):
+            raise UserError(
+                f"{what} {folder} was started with {key.removeprefix('fit.')}={before.get(key)!r}, this command has "
+                f"{now.get(key)!r}: rerun it with the same settings to continue it, choose another {name_flag}, "
+                "or delete the folder to start over"
+            )
+
+
+@contextlib.contextmanager
+def folder_lock(folder: Path, what: str) -> Iterator[None]:
+    """Hold `folder` for this process (an advisory lock the system drops when the process dies)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / ".lock", "a+") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.seek(0)
+            raise UserError(
+                f"{what} in {folder} is being run by another process (pid {f.read().strip() or '?'}); "
+                "wait for it, or stop it first"
+            ) from None
+        f.truncate(0)
+        f.write(str(os.getpid()))
+        f.flush()
+        yield
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+# -- the fit subprocess ----------------------------------------------------------------------------------------
+_PR_SET_PDEATHSIG = 1
+_prctl = ctypes.CDLL(None, use_errno=True).prctl if sys.platform.startswith("linux") else None
+
+
+def _stop_with_parent(parent: int) -> Callable[[], None]:
+    """Run in the child before it starts: SIGTERM when the study process dies (Linux), so a killed study never
+    leaves a fit running on its own; the fit saves its last.ckpt and exits, like under preemption."""
+
+    def arrange() -> None:
+        if _prctl is not None:
+            _prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+            if os.getppid() != parent:  # the parent died before the call above
+                os.kill(os.getpid(), signal.SIGTERM)
+
+    return arrange
+
+
+def run_fit(fit_args: Sequence[str], root_dir: Path, what: str, env: dict[str, str], resume: bool) -> None:
+    """`python -m project fit <fit_args>` with `root_dir` as its trainer.default_root_dir, and `--ckpt_path
+    last` with `resume` (continues the run in that folder, or starts it). Waits for it; FitFailed unless it
+    finished. A SIGTERM to this process goes to the fit too; once the fit has saved and stopped, this process
+    exits with status 143, leaving the run to be resumed."""
+    command = [sys.executable, "-m", "project", "fit", *map(str, fit_args)]
+    command += ["--trainer.default_root_dir", str(root_dir), *(["--ckpt_path", "last"] if resume else [])]
+    print(f"{what}: {shlex.join(['python', *command[1:]])}", flush=True)
+    process = subprocess.Popen(command, env=os.environ | env, preexec_fn=_stop_with_parent(os.getpid()))
+    stopped: list[int] = []
+
+    def forward(signum: int, frame: Any) -> None:
+        stopped.append(signum)
+        if process.poll() is None:
+            process.send_signal(signum)
+
+    previous = signal.signal(signal.SIGTERM, forward)
+    try:
+        code = process.wait()
+    except KeyboardInterrupt:  # Ctrl-C reached the fit too (same process group): let it end first
+        process.wait()
+        raise
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    if stopped:
+        print(f"error: stopped by SIGTERM during {what}; rerun the same command to continue", file=sys.stderr)
+        raise SystemExit(128 + signal.SIGTERM)
+    if code != 0:
+        reason = f"killed by signal {-code}" if code < 0 else f"exit status {code}"
+        raise FitFailed(f"{what} did not finish ({reason}; its output is above); its run is in {root_dir}")
+
+
+def wandb_env(group: str, name: str, job_type: str) -> dict[str, str]:
+    """W&B's own variables: every W&B logger of the fit (whatever the config) joins the group, named `name`."""
+    return {"WANDB_RUN_GROUP": group, "WANDB_NAME": name, "WANDB_JOB_TYPE": job_type}
+
+
+# -- results ---------------------------------------------------------------------------------------------------
+def _cell(value: Any) -> str:
+    if isinstance(value, float):  # metrics to 4 decimals; learning rates and the like keep their digits
+        return f"{value:.4f}" if value == 0 or 1e-3 <= abs(value) < 1e4 else f"{value:.3e}"
+    return str(value).replace("|", "\\|")
+
+
+def markdown_table(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    return "\n".join(lines + ["| " + " | ".join(_cell(v) for v in row) + " |" for row in rows]) + "\n"
+
+
+def write_results(
+    folder: Path, stem: str, markdown: str, payload: dict[str, Any], extra: dict[str, str]
+) -> None:
+    """`<stem>.md`, `<stem>.json` and the `extra` files (name -> text) in `folder`, all or none."""
+    with staged_outputs(folder) as staging:
+        (staging / f"{stem}.md").write_text(markdown)
+        (staging / f"{stem}.json").write_text(json.dumps(payload, indent=2) + "\n")
+        for name, text in extra.items():
+            (staging / name).write_text(text)
+
+
+def log_table(
+    key: str,
+    columns: Sequence[str],
+    rows: Sequence[Sequence[Any]],
+    summary: dict[str, Any],
+    folder: Path,
+    project: str,
+    group: str,
+    job_type: str,
+) -> str:
+    """Log a table (and summary values) to a W&B run in `group`; offline unless WANDB_MODE says otherwise, like
+    the training runs. Returns the run's folder."""
+    import wandb
+
+    run = wandb.init(
+        project=project,
+        dir=str(folder),
+        group=group,
+        job_type=job_type,
+        name=f"{group}-{job_type}",
+        mode=os.environ.get("WANDB_MODE", "offline"),
+        reinit="finish_previous",
+    )
+    try:
+        table = wandb.Table(columns=list(columns), data=[list(row) for row in rows], allow_mixed_types=True)
+        run.log({key: table})
+        run.summary.update(summary)
+        return str(run.dir)
+    finally:
+        run.finish()

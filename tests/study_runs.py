@@ -1,0 +1,56 @@
+"""What the cv and tune tests share: tiny image folders, the flags that keep each fit to seconds, a kill switch.
+
+`KillOnce` is a callback for a fit subprocess: it SIGKILLs its own process once (a marker file remembers), at
+the end of a chosen training epoch of the run whose folder contains `match`, e.g. fold 2 of a cv study.
+"""
+
+import os
+import signal
+from pathlib import Path
+
+import lightning as L
+from lightning.pytorch.callbacks import Callback
+
+from tests.conftest import CONFIGS
+from tests.fakes import make_image_folder
+
+
+def tiny_folder(root: Path, per_class: int = 9, test: bool = False) -> Path:
+    """`root/train/<c0..c2>/*` (or `root/<class>` without `test`), plus `root/test` with `test`."""
+    make_image_folder(root / "train" if test else root, classes=3, per_class=per_class, extras=False)
+    if test:
+        make_image_folder(root / "test", classes=3, per_class=4, seed=1, extras=False)
+    return root
+
+
+def tiny_fit_args(data: Path, root: Path, *extra: object) -> list[str]:
+    """`fit` flags for configs/folder.yaml that train a 4-channel SimpleCNN on 16-pixel images in seconds."""
+    args = [
+        "--config", CONFIGS / "folder.yaml", "--data.root", data, "--data.cache_dir", root / "cache",
+        "--model.net", "SimpleCNN", "--model.net.init_args.width", "4", "--model.net.init_args.hidden", "16",
+        "--data.image_size", "16", "--data.batch_size", "8", "--data.num_workers", "0",
+        "--trainer.accelerator", "cpu", "--trainer.precision", "32-true", "--trainer.max_epochs", "2",
+        "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false",
+        "--trainer.default_root_dir", root / "logs", *extra,
+    ]  # fmt: skip
+    return [str(a) for a in args]
+
+
+class KillOnce(Callback):
+    """SIGKILLs this process at the end of training epoch `epoch` of the run under a folder containing `match`,
+    once: `marker` is created first, so the resumed run goes on.
+
+    Args:
+        marker: A file that exists once the kill has happened.
+        match: A part of trainer.default_root_dir (e.g. `fold_2`).
+        epoch: The training epoch at whose end the process dies.
+    """
+
+    def __init__(self, marker: str, match: str, epoch: int = 1) -> None:
+        self.marker, self.match, self.epoch = Path(marker), match, epoch
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        here = self.match in str(trainer.default_root_dir) and trainer.current_epoch == self.epoch
+        if here and not self.marker.exists():
+            self.marker.write_text("killed")
+            os.kill(os.getpid(), signal.SIGKILL)

@@ -1,0 +1,254 @@
+"""K-fold cross-validation: the folds (project/data/folds.py, both DataModules) and `python -m project cv`.
+
+Fast tests check the folds and every bad input in-process; the end-to-end run (slow) kills a real study in
+its last fold, resumes it, and checks the table, the test ensemble and the W&B runs against the fold results.
+"""
+
+import csv
+import json
+import re
+import statistics
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+
+from project.cli import main
+from project.data import CIFARDataModule, ImageFolderDataModule
+from project.data.folds import fold_split, stratified_folds
+from project.data.image_cache import channel_mean_std
+from project.studies.cv import fold_numbers, parse_args, summarize
+from project.studies.runner import claim_folder, split_args
+from tests.conftest import run_cli
+from tests.study_runs import tiny_fit_args, tiny_folder
+from tests.wandb_reader import read_records, read_run
+
+LABELS = [0] * 7 + [1] * 12 + [2] * 5 + [1] * 3  # uneven classes, not sorted
+
+
+def test_folds_are_disjoint_stratified_and_cover_every_index_once():
+    folds = stratified_folds(LABELS, 3, seed=0)
+    every = [i for f in folds for i in f]
+    assert sorted(every) == list(range(len(LABELS)))  # each index in exactly one fold
+    counts = Counter(LABELS)
+    for fold in folds:
+        per_class = Counter(LABELS[i] for i in fold)
+        for c, n in counts.items():
+            assert per_class[c] in (n // 3, -(-n // 3)), (c, per_class)
+    assert max(map(len, folds)) - min(map(len, folds)) <= 1
+    train, val = fold_split(LABELS, 3, 1, seed=0)
+    assert val == folds[1] and sorted(train + val) == list(range(len(LABELS))) and not set(train) & set(val)
+
+
+def test_folds_are_a_pure_function_of_labels_k_and_seed():
+    assert stratified_folds(LABELS, 3, seed=5) == stratified_folds(list(LABELS), 3, seed=5)
+    assert stratified_folds(LABELS, 3, seed=5) != stratified_folds(LABELS, 3, seed=6)
+    assert stratified_folds(LABELS, 3, seed=5) != stratified_folds(LABELS, 4, seed=5)
+
+
+def test_image_folder_folds_are_the_same_on_every_rank(tmp_path, monkeypatch):
+    data = tiny_folder(tmp_path / "images", per_class=7)
+    splits = []
+    for rank in ("0", "1"):
+        monkeypatch.setenv("RANK", rank)
+        monkeypatch.setenv("LOCAL_RANK", rank)
+        dm = ImageFolderDataModule(
+            str(data), image_size=8, num_folds=3, fold=2, cache_dir=str(tmp_path / "c")
+        )
+        splits.append(dm._split())
+    assert splits[0] == splits[1]
+    assert splits[0][1] == stratified_folds(dm.train_labels, 3, dm.seed)[2]
+
+
+def test_a_folds_statistics_come_from_its_training_folds_only(tmp_path):
+    data = tiny_folder(tmp_path / "images", per_class=7)
+    cache = tmp_path / "cache"
+    stats = []
+    for fold in (0, 1):
+        dm = ImageFolderDataModule(str(data), image_size=8, num_folds=3, fold=fold, cache_dir=str(cache))
+        dm.setup("fit")
+        train, val = dm.train_set.indices, dm.val_set.indices
+        assert sorted(train.tolist() + val.tolist()) == list(range(21)) and len(val) == 7
+        images = torch.from_numpy(dm._cache("train").images[train.numpy()])
+        assert dm.mean == pytest.approx(channel_mean_std([images])[0])
+        assert dm.std == pytest.approx(channel_mean_std([images])[1])
+        stats.append(dm.mean)
+    everything = torch.from_numpy(dm._cache("train").images[:])
+    assert stats[0] != pytest.approx(channel_mean_std([everything])[0])  # the validation fold is left out
+    assert stats[0] != stats[1]
+    # One image cache for all folds; it keeps the statistics of each fold's training part.
+    (meta,) = cache.glob("*.json")
+    assert len(list(cache.glob("*.npy"))) == 1 and len(json.loads(meta.read_text())["stats"]) == 2
+
+
+def test_cifar_folds_split_the_training_set_and_take_their_statistics_from_it(fake_cifar):
+    dm = CIFARDataModule(data_dir=str(fake_cifar), download=False, val_size=100, num_folds=5, fold=3)
+    dm.setup("fit")
+    train, val = dm.train_set.indices, dm.val_set.indices
+    assert len(train) == 400 and len(val) == 100 and not set(train.tolist()) & set(val.tolist())
+    targets = dm.train_set.targets
+    assert val.tolist() == stratified_folds(targets.tolist(), 5, dm.seed)[3]
+    assert dm.mean == pytest.approx(channel_mean_std([dm.train_set.images[train]])[0])
+
+
+def test_summary_mean_and_std_are_those_of_the_folds():
+    results = [
+        {"val/acc": a, "val/loss": loss, "epoch": e, "class_acc": {"x": a, "y": 1 - a}}
+        for a, loss, e in [(0.5, 1.0, 1), (0.75, 0.5, 2), (0.6, 0.8, 2)]
+    ]
+    summary = summarize(results)
+    assert summary["val/acc"]["mean"] == pytest.approx(statistics.fmean([0.5, 0.75, 0.6]))
+    assert summary["val/loss"]["std"] == pytest.approx(statistics.stdev([1.0, 0.5, 0.8]))
+    assert summary["class_acc"] == pytest.approx({"x": 0.6166667, "y": 0.3833333})
+
+
+def test_cv_flags_are_its_own_and_the_rest_goes_to_fit_in_order():
+    args = [
+        "--config",
+        "a.yaml",
+        "--folds",
+        "3",
+        "--trainer.max_epochs=2",
+        "--folds_to_run",
+        "0,2",
+        "--config",
+        "b",
+    ]
+    kwargs = parse_args(args)
+    assert kwargs["folds"] == 3 and kwargs["folds_to_run"] == "0,2"
+    assert kwargs["fit_args"] == ["--config", "a.yaml", "--trainer.max_epochs=2", "--config", "b"]
+    assert split_args(["--x", "1", "--flag", "--y=2"], {"flag"}) == (["--flag"], ["--x", "1", "--y=2"])
+    assert fold_numbers(5, "2,0") == [0, 2] and fold_numbers(3, None) == [0, 1, 2]
+
+
+def test_a_rerun_with_other_settings_names_the_first_difference(tmp_path):
+    claim_folder(
+        tmp_path, {"folds": 5, "fit": {"trainer": {"max_epochs": 2}}}, "the cross-validation", "--name"
+    )
+    claim_folder(
+        tmp_path, {"folds": 5, "fit": {"trainer": {"max_epochs": 2}}}, "the cross-validation", "--name"
+    )
+    with pytest.raises(Exception, match=r"started with trainer.max_epochs=2, this command has 3"):
+        claim_folder(
+            tmp_path, {"folds": 5, "fit": {"trainer": {"max_epochs": 3}}}, "the cross-validation", "--name"
+        )
+
+
+def _one_error_line(args: list[str], capsys) -> str:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["cv", *args])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exit_info.value.code == 1 and len(err) == 1, err
+    return err[0]
+
+
+@pytest.mark.parametrize(
+    ("extra", "expected"),
+    [
+        (["--folds", "1"], r"^error: --folds must be at least 2, got 1$"),
+        (["--folds", "3", "--folds_to_run", "3"], r"^error: --folds_to_run 3: folds are numbered 0 to 2$"),
+        (["--folds", "10"], r"^error: class 'c0' has 9 image\(s\), fewer than data.num_folds=10: every fold"),
+        (["--folds", "3", "--ckpt_path", "last"], r"^error: --ckpt_path is set by the study for every run"),
+        (["--folds", "3", "--model.nott_a_key", "1"], r"^error: .*nott_a_key"),
+        (["--folds", "3", "--data.val_fraction", "2"], r"^error: data.val_fraction must be in \(0, 1\)"),
+    ],
+)
+def test_bad_input_is_one_line_before_any_fold_runs(extra, expected, tmp_path, capsys):
+    data = tiny_folder(tmp_path / "images")
+    assert re.search(expected, _one_error_line([*tiny_fit_args(data, tmp_path), *extra], capsys))
+    assert not (tmp_path / "logs").exists() and not (tmp_path / "cache").exists()  # nothing was written
+
+
+def test_an_explicit_val_folder_is_refused_saying_what_to_do(tmp_path, capsys):
+    data = tiny_folder(tmp_path / "images", per_class=4, test=True)
+    tiny_folder(data / "val", per_class=2)
+    line = _one_error_line([*tiny_fit_args(data, tmp_path), "--folds", "3"], capsys)
+    assert re.search(
+        r"^error: data.num_folds=3 with the validation folder .*/val: .*Move its images into", line
+    )
+
+
+@pytest.mark.parametrize(
+    ("folds", "fold", "expected"),
+    [
+        ("3", "3", r"^error: data.fold=3 is outside \[0, 3\) \(data.num_folds=3\)$"),
+        ("3", "-1", r"^error: data.fold=-1 is outside \[0, 3\)"),
+        ("1", "0", r"^error: data.num_folds must be at least 2, got 1$"),
+    ],
+)
+def test_a_fold_outside_the_folds_is_one_line_from_fit(folds, fold, expected, tmp_path, capsys):
+    data = tiny_folder(tmp_path / "images", per_class=4)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", *tiny_fit_args(data, tmp_path), "--data.num_folds", folds, "--data.fold", fold])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exit_info.value.code == 1 and re.search(expected, err[-1]), err
+    with pytest.raises(Exception, match=r"^data.fold=1 needs data.num_folds"):
+        CIFARDataModule(fold=1)
+
+
+def test_cv_help_lists_its_own_flags(capsys):
+    with pytest.raises(SystemExit):
+        parse_args(["--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "--folds_to_run" in out and "--test_ensemble" in out and "passed to each `fit` unchanged" in out
+
+
+@pytest.mark.slow
+def test_cv_killed_in_its_last_fold_resumes_it_and_skips_the_finished_ones(tmp_path):
+    data = tiny_folder(tmp_path / "images", test=True)
+    marker = tmp_path / "killed"
+    probe = {
+        "class_path": "tests.study_runs.KillOnce",
+        "init_args": {"marker": str(marker), "match": "fold_2"},
+    }
+    args = ["cv", *tiny_fit_args(data, tmp_path, "--trainer.max_epochs", "3"), "--folds", "3"]
+    args += [f"--trainer.callbacks+={json.dumps(probe)}"]
+
+    killed = run_cli(*args, "--wandb", "false", cwd=tmp_path, check=False)
+    assert killed.returncode == 1 and marker.exists(), killed.stderr[-3000:]
+    assert "error: fold 2 of 3 did not finish (killed by signal 9" in killed.stderr.strip().splitlines()[-1]
+    study = tmp_path / "logs" / "cv" / "folder"
+    assert [p.name for p in sorted(study.glob("fold_*/fold_result.json"))] == ["fold_result.json"] * 2
+
+    resumed = run_cli(*args, "--test_ensemble", "true", cwd=tmp_path)
+    out = resumed.stdout
+    assert "fold 0: complete" in out and "fold 1: complete" in out
+    assert "--ckpt_path last: " in out and "fold_2" in out.split("--ckpt_path last: ")[1].splitlines()[0]
+    assert out.count("--ckpt_path last: ") == 1  # only fold 2 ran again, continuing its run
+    with open(study / "fold_2" / "runs" / "version_0" / "metrics.csv") as f:
+        epochs = {row["epoch"] for row in csv.DictReader(f)}
+    assert {"0", "2"} <= epochs and not (
+        study / "fold_2" / "runs" / "version_1"
+    ).exists()  # one run, continued
+
+    results = json.loads((study / "cv_results.json").read_text())
+    folds = results["folds"]
+    assert [f["fold"] for f in folds] == [0, 1, 2] and sum(f["val_images"] for f in folds) == 27
+    assert results["summary"]["val/acc"]["mean"] == pytest.approx(
+        statistics.fmean(f["val/acc"] for f in folds)
+    )
+    assert results["summary"]["val/loss"]["std"] == pytest.approx(
+        statistics.stdev(f["val/loss"] for f in folds)
+    )
+    for f in folds:  # the in-process evaluation of the best checkpoint is the accuracy fit recorded for it
+        assert f["val/acc"] == pytest.approx(f["monitored_best"], abs=1e-6)
+        assert f"epoch{f['epoch']:03d}" in Path(f["checkpoint"]).name
+    ensemble = results["test_ensemble"]
+    assert ensemble["test_images"] == 12 and len(ensemble["test/acc_per_fold"]) == 3
+    assert ensemble["test/acc_single"]["mean"] == pytest.approx(
+        statistics.fmean(ensemble["test/acc_per_fold"])
+    )
+    table = (study / "cv_results.md").read_text()
+    assert "mean ± std" in table and "Test split (12 images)" in table and table in out
+
+    # W&B: every fold's run and the summary run share one group; the summary run holds the table.
+    records = {
+        p: [r.run for r in read_records(p) if r.WhichOneof("record_type") == "run"]
+        for p in study.rglob("run-*.wandb")
+    }
+    runs = {p: found[0] for p, found in records.items() if found}
+    assert {r.run_group for r in runs.values()} == {"cv-folder"} and len(runs) >= 4
+    (summary_dir,) = [p.parent for p, r in runs.items() if r.job_type == "cv-summary"]
+    logged = read_run(summary_dir, finished=True)["history"][0]
+    assert logged["cv/folds/_type"] == "table-file" and logged["cv/folds/nrows"] == 3
