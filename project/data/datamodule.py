@@ -159,12 +159,9 @@ class ImageDataModule(L.LightningDataModule):
         )
 
     def train_dataloader(self) -> DataLoader:
-        if self.flip == "alternate":
+        if self.flip == "alternate":  # each image's row rides along with it, for its flip to follow it
             if not isinstance(self.train_set, TensorImageDataset):
-                raise UserError(
-                    "data.flip alternate follows each image from epoch to epoch, which needs the images held in "
-                    "memory (CIFAR, or an image folder with data.cache true); use data.flip true here"
-                )
+                raise UserError("data.flip alternate needs the images in memory: CIFAR, or data.cache true")
             self.train_set.return_rows = True
         return self._loader(self.train_set, "train", train=True)
 
@@ -191,20 +188,16 @@ class ImageDataModule(L.LightningDataModule):
             elif self.flip:
                 x = random_flip(x)
         key = (x.device, tuple(self.mean), tuple(self.std))
-        if key not in self._norm_cache:
-            self._norm_cache[key] = (
-                torch.tensor(self.mean, device=x.device),
-                torch.tensor(self.std, device=x.device),
-            )
+        if key not in self._norm_cache:  # two tiny host-to-device copies: once, not per batch
+            self._norm_cache[key] = tuple(torch.tensor(v, device=x.device) for v in key[1:])
         x = normalize(x, *self._norm_cache[key])
         if train:
             x = cutout(x, self.cutout)
         return x, y
 
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
-        if not isinstance(
-            batch, tuple | list
-        ):  # the model summary's example_input_array: already a float input
+        # The model summary's example_input_array comes as one float tensor, ready for the network.
+        if not isinstance(batch, tuple | list):
             return batch
         training = self.trainer is not None and self.trainer.training
         epoch = self.trainer.current_epoch if training else 0

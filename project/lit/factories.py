@@ -52,8 +52,8 @@ def param_groups(
     """The trainable parameters for the optimizer, biases and norm scales/offsets without weight decay
     (decaying them only hurts: they set scale and offset, not capacity) unless `decay_norm_and_bias`.
 
-    With a `norm_bias_lr_scale` other than 1 the norm layers' biases get a third group, marked `lr_scale`,
-    which `scale_learning_rates` applies once the optimizer exists."""
+    With a `norm_bias_lr_scale` other than 1 the norm layers' biases get a third group, marked `lr_scale`
+    (which `build_optimizer` applies)."""
     # Found by the module that owns them rather than by shape: FSDP (v1) hands the optimizer every parameter
     # as a flat 1-D shard.
     kind: dict[int, str] = {}
@@ -76,14 +76,19 @@ def param_groups(
     return groups
 
 
-def scale_learning_rates(optimizer: torch.optim.Optimizer) -> None:
-    """Multiply each group's learning rate by its `lr_scale` and divide its weight decay by it, so that the
-    decay per step (lr x weight_decay for coupled decay) stays what the config says (airbench's BN biases)."""
+def build_optimizer(
+    factory: Any, model: nn.Module, decay_norm_and_bias: bool = False, norm_bias_lr_scale: float = 1.0
+) -> torch.optim.Optimizer:
+    """The optimizer over `param_groups(model, ...)`, each group's learning rate multiplied by its `lr_scale`
+    and its weight decay divided by it, so that the decay per step (lr x weight_decay, for coupled decay)
+    stays what the config says (airbench's BatchNorm biases)."""
+    optimizer = factory(param_groups(model, decay_norm_and_bias, norm_bias_lr_scale))
     for group in optimizer.param_groups:
         scale = group.get("lr_scale", 1.0)
         group["lr"] *= scale
         if group.get("weight_decay"):
             group["weight_decay"] /= scale
+    return optimizer
 
 
 def scaled_max_lr(scheduler: Any, optimizer: torch.optim.Optimizer) -> list[float] | None:

@@ -11,13 +11,7 @@ from torchmetrics import MaxMetric, MeanMetric, MetricCollection
 from torchmetrics.classification import MulticlassAccuracy
 
 from project.distributed.sharding import clip_fsdp_grad_norm, shard_for_device_mesh
-from project.lit.factories import (
-    check_optimizer,
-    leaves_unset,
-    param_groups,
-    scale_learning_rates,
-    scaled_max_lr,
-)
+from project.lit.factories import build_optimizer, check_optimizer, leaves_unset, scaled_max_lr
 from project.lit.tta import tta_logits
 
 
@@ -210,8 +204,9 @@ class ImageClassifier(L.LightningModule):
         except RuntimeError:  # not attached to a Trainer (a test building the optimizer directly)
             model = self
         hp = self.hparams
-        optimizer = self.optimizer(param_groups(model, hp.weight_decay_norm_and_bias, hp.norm_bias_lr_scale))
-        scale_learning_rates(optimizer)
+        optimizer = build_optimizer(
+            self.optimizer, model, hp.weight_decay_norm_and_bias, hp.norm_bias_lr_scale
+        )
         if self.scheduler is None:
             return optimizer
         kwargs, interval = {}, hp.scheduler_interval
