@@ -139,11 +139,14 @@ class ImageClassifier(L.LightningModule):
 
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
         loss, _ = self._shared_step(batch, self.train_metrics, self.train_loss)
-        # The step loss goes to the progress bar; the epoch mean (over all ranks) to the loggers.
-        self.log("loss", loss, prog_bar=True, logger=False)
-        self.log("train/loss", self.train_loss, on_step=False, on_epoch=True)
-        self.log_dict(self.train_metrics, on_step=False, on_epoch=True)
+        self.log("loss", loss, prog_bar=True, logger=False)  # the step's loss, for the progress bar
         return loss
+
+    def on_train_epoch_end(self) -> None:
+        # The epoch means (over all ranks) go to the loggers, logged once from the states every step updated:
+        # a log call per batch costs more than the update itself.
+        self.log("train/loss", self.train_loss)
+        self.log_dict(self.train_metrics)
 
     def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> dict[str, Tensor]:
         loss, logits = self._shared_step(batch, self.val_metrics, self.val_loss)

@@ -8,12 +8,15 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_warn
 
+from project.callbacks.diagnostics.grad_norm import logs_this_step
 from project.data.datamodule import available_cpus
 
 
 class DataWaitMonitor(Callback):
-    """Logs `train/data_wait` (fraction of each step spent waiting for its batch) and warns when training is
-    data-bound, saying what to change.
+    """Logs the fraction of training time spent waiting for batches (`train/data_wait_step`: since the last
+    logged step; `train/data_wait_epoch`: over the epoch) and warns when training is data-bound, saying what
+    to change. It logs only on the steps the trainer logs (`log_every_n_steps`): a `log` call per batch costs
+    more than the measurement.
 
     The wait is the time from the end of one training step to the start of the next: fetching the batch from the
     DataLoader, copying it to the device and the DataModule's on-device augmentation. The first batch of each
@@ -37,14 +40,14 @@ class DataWaitMonitor(Callback):
         self._last_end: float | None = None
         self._step_start = 0.0
         self._wait = 0.0
-        self._epoch_wait = 0.0
-        self._epoch_total = 0.0
+        self._epoch_wait = self._epoch_total = 0.0
+        self._window_wait = self._window_total = 0.0  # since the last logged step
         self._batches = 0
         self._warned = False
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._last_end = None
-        self._epoch_wait = self._epoch_total = 0.0
+        self._epoch_wait = self._epoch_total = self._window_wait = self._window_total = 0.0
         self._batches = 0
 
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
@@ -58,20 +61,26 @@ class DataWaitMonitor(Callback):
         now = time.perf_counter()
         if self._wait >= 0:
             total = self._wait + (now - self._step_start)
-            fraction = self._wait / total if total > 0 else 0.0
             self._epoch_wait += self._wait
             self._epoch_total += total
+            self._window_wait += self._wait
+            self._window_total += total
             self._batches += 1
-            pl_module.log("train/data_wait", fraction, on_step=True, on_epoch=True, batch_size=1)
+        if self._window_total > 0 and logs_this_step(trainer, stepped=True):
+            pl_module.log("train/data_wait_step", self._window_wait / self._window_total, batch_size=1)
+            self._window_wait = self._window_total = 0.0
         self._last_end = time.perf_counter()
 
     def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._last_end = None  # validation in the middle of an epoch is not data wait
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if self._batches < self.min_batches or self._epoch_total <= 0:
+        if self._epoch_total <= 0:
             return
         fraction = self._epoch_wait / self._epoch_total
+        pl_module.log("train/data_wait_epoch", fraction, on_step=False, on_epoch=True, batch_size=1)
+        if self._batches < self.min_batches:
+            return
         if fraction > self.warn_above and not self._warned:
             self._warned = True  # once per run: the advice does not change from epoch to epoch
             rank_zero_warn(
