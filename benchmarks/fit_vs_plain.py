@@ -8,7 +8,8 @@ Same network (the article's SimpleCNN), same batch (64), same number of training
   plain    : python -m benchmarks.plain_recipe (per-image torchvision transforms in 2 workers, Adam, a loop)
   ceiling  : python -m benchmarks.plain_recipe --in-memory (the same network and step on tensors in memory)
 
-The three run in turn, `--repeats` times (interleaved, so a burst of load elsewhere hits all of them alike).
+The three run in turn, `--repeats` times (interleaved, so a burst of load elsewhere hits all of them alike;
+the order rotates from one repeat to the next).
 For each process: its wall time from the command to its exit, when its first training step began (counted
 from the process's own start: interpreter, imports, set-up), and its images/s after `--warmup` steps. The
 summary gives medians and the ratio of wall times, plain / template, pair by pair.
@@ -85,9 +86,12 @@ def main() -> None:
         if warm.returncode != 0:
             raise SystemExit(warm.stderr[-3000:])
         rows: dict[str, list[dict]] = {name: [] for name in cmds}
+        names = list(cmds)
         for repeat in range(args.repeats):
-            for name, command in cmds.items():
-                rows[name].append(run(command))
+            # The order rotates: on a shared VM a process runs slower after a busy one (the plain recipe keeps
+            # three processes busy), and a fixed order would hand that to the same variant every time.
+            for name in names[repeat % 3 :] + names[: repeat % 3]:
+                rows[name].append(run(cmds[name]))
                 emit(repeat=repeat, **rows[name][-1])
     summary = {
         name: {

@@ -56,9 +56,7 @@ NOISE = ("💡 Tip", "Loading `train_dataloader` to estimate number of stepping 
 for _handler in logging.getLogger("lightning.pytorch").handlers:
     _handler.addFilter(lambda record: not record.getMessage().startswith(NOISE))
 warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)")
-warnings.filterwarnings(
-    "ignore", message=r"(?s).*was deprecated in v4\.49\.0"
-)  # jsonargparse API used by Lightning
+warnings.filterwarnings("ignore", message=r"(?s).*was deprecated in v4\.49\.0")  # jsonargparse, by Lightning
 
 # Loggers left at save_dir `logs` follow trainer.default_root_dir (project.run.run_folder).
 TRAINER_DEFAULTS: dict[str, Any] = {

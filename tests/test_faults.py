@@ -133,7 +133,12 @@ def test_two_runs_started_at_once_into_one_folder_stay_apart(fake_cifar, tmp_pat
         first,
         poll=0.05,
     )
-    second = run_cli(*args, cwd=tmp_path, check=False)
+    # Paused, the first run stays running however fast its epoch is while the second one starts up.
+    first.send_signal(signal.SIGSTOP)
+    try:
+        second = run_cli(*args, cwd=tmp_path, check=False)
+    finally:
+        first.send_signal(signal.SIGCONT)
     assert (
         second.returncode == 1
         and f"the run in {newest} is still running (process {first.pid}" in second.stderr

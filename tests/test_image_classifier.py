@@ -70,3 +70,24 @@ def test_one_cycle_gets_total_steps_and_steps_per_batch(tmp_path):
     assert config.interval == "step"
     assert config.scheduler.total_steps == 120  # 30 epochs x 4 batches
     assert config.scheduler.last_epoch == 120  # stepped once per batch
+
+
+def test_load_from_checkpoint_without_a_trainer(tmp_path):
+    """The notebooks' way back from a checkpoint: `load_from_checkpoint` calls `configure_model` with no
+    trainer attached, which must not need one outside FSDP2."""
+    model = ImageClassifier(SimpleCNN(num_classes=2), num_classes=2, input_shape=None, optimizer=sgd)
+    data = TensorDataset(torch.randn(8, 3, 32, 32), torch.randint(0, 2, (8,)))
+    trainer = L.Trainer(
+        max_steps=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        default_root_dir=tmp_path,
+    )
+    trainer.fit(model, DataLoader(data, batch_size=8))
+    trainer.save_checkpoint(tmp_path / "model.ckpt")
+    restored = ImageClassifier.load_from_checkpoint(
+        tmp_path / "model.ckpt", net=SimpleCNN(num_classes=2), weights_only=True
+    )
+    x = torch.randn(2, 3, 32, 32)
+    assert torch.equal(restored.eval()(x), model.eval()(x))

@@ -2,6 +2,7 @@
 
 import contextlib
 import io
+import logging
 import os
 import signal
 import socket
@@ -215,3 +216,29 @@ def test_serve_load_benchmark_reports_both_modes(exported, tmp_path):
         assert row["requests_per_s"] > 0 and 0 < row["p50_ms"] <= row["p99_ms"]
     ratio = modes["batching_on"]["requests_per_s"] / modes["batching_off"]["requests_per_s"]
     assert lines[3] == f"ratio: {ratio:.2f}"
+
+
+def test_stopping_drops_only_the_monitors_expected_broken_pipe(caplog):
+    """On SIGTERM LitServe closes the manager its monitoring thread polls: that thread's crash report is
+    noise then, and only then; every other LitServe message still gets through."""
+    from project.serve.server import _stop_gracefully_on_signals
+
+    logger = logging.getLogger("litserve.server")
+    handlers = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+    filters = list(logger.filters)
+    try:
+        _stop_gracefully_on_signals()
+        with caplog.at_level(logging.INFO, logger="litserve.server"):
+            logger.error("Monitoring worker crashed")  # while serving: a real fault, shown
+            with pytest.raises(KeyboardInterrupt):
+                signal.raise_signal(signal.SIGTERM)
+            logger.error("Monitoring worker crashed")  # during the shutdown: dropped
+            logger.info("Shutting down LitServe...")
+        assert [r.getMessage() for r in caplog.records] == [
+            "Monitoring worker crashed",
+            "Shutting down LitServe...",
+        ]
+    finally:
+        signal.signal(signal.SIGTERM, handlers[0])
+        signal.signal(signal.SIGINT, handlers[1])
+        logger.filters[:] = filters

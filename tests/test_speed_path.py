@@ -139,3 +139,35 @@ def test_on_device_dataset_follows_the_trainer(fake_cifar):
     assert len(batch) == 3 and torch.equal(dm.train_set.targets[batch[2]], batch[1])
     x, y = dm.transform_batch(batch, train=True, epoch=1)
     assert x.dtype == torch.float32 and torch.equal(y, batch[1])
+
+
+def test_lookahead_pulls_the_weights_back_on_schedule_and_ends_on_the_average():
+    from project.callbacks import Lookahead
+
+    model = ImageClassifier(SimpleCNN(num_classes=3, width=4, hidden=8), num_classes=3, input_shape=None)
+    callback = Lookahead(every_n_steps=2, decay=0.5, power=1.0)
+
+    class Trainer:
+        global_step, estimated_stepping_batches, max_steps = 0, 4, -1
+
+    callback.on_fit_start(Trainer, model)
+    weight = model.net.features[0].weight
+    start = weight.detach().clone()
+    with torch.no_grad():
+        weight.add_(1.0)  # the optimizer moved it
+    Trainer.global_step = 1
+    callback.on_train_batch_end(Trainer, model)  # not an update step
+    assert torch.allclose(weight, start + 1)
+    Trainer.global_step = 2  # decay 0.5 x (2 / 4): the average moves 3/4 of the way
+    callback.on_train_batch_end(Trainer, model)
+    assert torch.allclose(weight, start + 0.75) and torch.allclose(
+        callback.average["net.features.0.weight"], weight
+    )
+    with torch.no_grad():
+        weight.add_(1.0)
+    Trainer.global_step = 4  # the last step: the weights become the average, which moves no further
+    callback.on_train_batch_end(Trainer, model)
+    assert torch.allclose(weight, start + 0.75)
+    restored = Lookahead()
+    restored.load_state_dict(callback.state_dict())
+    assert torch.equal(restored.average["net.features.0.weight"], weight)

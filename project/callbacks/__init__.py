@@ -2,7 +2,8 @@
 
 Grouped like `configs/`: the default ones here (checkpoints, predictions, effective batch size),
 `diagnostics/` (on by default: gradient norms, the non-finite guard, data wait, the W&B dashboard; opt-in:
-update ratios, throughput), `tuning/` (LR and batch-size finders), `debug/` (CUDA memory, profiler). Pruning
+update ratios, throughput), `tuning/` (LR and batch-size finders), `debug/` (CUDA memory, profiler); training aids of particular recipes beside them (`PatchWhiteningInit`,
+`Lookahead`). Pruning
 and QAT live in `project.compression`. Every callback is exported here, so configs name it by its class alone
 (`class_path: ProgressivePruning`).
 """
@@ -17,6 +18,7 @@ from project.callbacks.diagnostics.throughput import ImageThroughputMonitor
 from project.callbacks.diagnostics.update_ratio import UpdateRatioMonitor
 from project.callbacks.diagnostics.wandb_dashboard import WandbDashboard
 from project.callbacks.effective_batch_size import EffectiveBatchSize
+from project.callbacks.lookahead import Lookahead
 from project.callbacks.prediction_writer import PredictionWriter
 from project.callbacks.tuning.batch_size_finder import MaxBatchSizeFinder
 from project.callbacks.tuning.lr_finder import LRFinder
@@ -33,6 +35,7 @@ __all__ = [
     "GradientNormMonitor",
     "ImageThroughputMonitor",
     "LRFinder",
+    "Lookahead",
     "NonFiniteError",
     "NonFiniteGuard",
     "PatchWhiteningInit",

@@ -119,15 +119,9 @@ class ImageFolderDataModule(KFoldMixin, ImageDataModule):
     def _cache(self, split: str) -> ImageCache:
         """The decoded images of a split's folder, loaded (or built) once per process."""
         if split not in self._caches:
-            scan = self._scan(split)
-            self._caches[split] = ImageCache.load_or_build(
-                scan.files,
-                self.image_size,
-                self.cache_dir,
-                self._workers(),
-                scan.stamps,
-                self.max_image_pixels,
-            )
+            scan, size, pixels = self._scan(split), self.image_size, self.max_image_pixels
+            build = (scan.files, size, self.cache_dir, self._workers(), scan.stamps, pixels)
+            self._caches[split] = ImageCache.load_or_build(*build)
         return self._caches[split]
 
     def _dataset(self, split: str, indices: list[int] | None = None) -> Dataset:

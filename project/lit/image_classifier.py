@@ -73,11 +73,10 @@ class ImageClassifier(L.LightningModule):
             raise ValueError(f"ImageClassifier: num_classes must be at least 2, got {num_classes}")
         if not 0.0 <= label_smoothing < 1.0:
             raise ValueError(f"ImageClassifier: label_smoothing must be in [0, 1), got {label_smoothing}")
-        if norm_bias_lr_scale <= 0 or tta_shift < 0:
-            raise ValueError(
-                f"ImageClassifier: norm_bias_lr_scale must be > 0 and tta_shift >= 0, got {norm_bias_lr_scale} "
-                f"and {tta_shift}"
-            )
+        if norm_bias_lr_scale <= 0:
+            raise ValueError(f"ImageClassifier: norm_bias_lr_scale must be > 0, got {norm_bias_lr_scale}")
+        if tta_shift < 0:
+            raise ValueError(f"ImageClassifier: tta_shift must be >= 0, got {tta_shift}")
         check_optimizer(optimizer)  # a negative lr etc. fails now, naming model.optimizer, not inside fit
         # The network is saved with the checkpoint's weights; its config is in the saved CLI config.
         self.save_hyperparameters(ignore=["net", "optimizer", "scheduler"])
@@ -187,8 +186,9 @@ class ImageClassifier(L.LightningModule):
 
     def configure_model(self) -> None:
         # FSDP2 (configs/trainer/fsdp2*.yaml) shards the network here, before the optimizer is built; DDP and
-        # FSDPStrategy wrap the module on their own.
-        shard_for_device_mesh(self.net, self.device_mesh, self.trainer.strategy)
+        # FSDPStrategy wrap the module on their own. `load_from_checkpoint` calls this with no trainer (no mesh).
+        if self.device_mesh is not None:
+            shard_for_device_mesh(self.net, self.device_mesh, self.trainer.strategy)
 
     def configure_gradient_clipping(
         self,

@@ -116,10 +116,18 @@ def _stop_gracefully_on_signals() -> None:
     the workers, and a server started in the background by a non-interactive shell ignores SIGINT."""
 
     main_pid = os.getpid()
+    stopping = False
+    # LitServe's worker-monitoring thread polls a multiprocessing manager that the shutdown closes under it;
+    # its "Monitoring worker crashed" BrokenPipe traceback is then expected noise, and only then dropped.
+    logging.getLogger("litserve.server").addFilter(
+        lambda record: not (stopping and record.getMessage().startswith("Monitoring worker crashed"))
+    )
 
     def stop(signum: int, frame: object) -> None:
+        nonlocal stopping
         if os.getpid() != main_pid:  # a forked HTTP worker (it inherits this handler) that uvicorn stopped
             raise SystemExit(0)
+        stopping = True
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, stop)

@@ -79,9 +79,7 @@ class DataWaitMonitor(Callback):
             return
         fraction = self._epoch_wait / self._epoch_total
         pl_module.log("train/data_wait_epoch", fraction, on_step=False, on_epoch=True, batch_size=1)
-        if self._batches < self.min_batches:
-            return
-        if fraction > self.warn_above and not self._warned:
+        if self._batches >= self.min_batches and fraction > self.warn_above and not self._warned:
             self._warned = True  # once per run: the advice does not change from epoch to epoch
             rank_zero_warn(
                 f"training is data-bound: {fraction:.0%} of each step (epoch {trainer.current_epoch} mean) waits "
