@@ -15,7 +15,12 @@ from project.models import CIFARResNet, SimpleCNN
 from tests.conftest import CONFIGS, ROOT, run_cli
 
 MAIN_CONFIGS = ["cifar10.yaml", "cifar100.yaml", "folder.yaml"]
-STACKABLE = sorted(str(p.relative_to(CONFIGS)) for p in CONFIGS.rglob("*.yaml") if p.name not in MAIN_CONFIGS)
+# Everything in configs/ but the main configs, the search spaces of `tune` and the W&B sweeps stacks on a main one.
+STACKABLE = sorted(
+    str(p.relative_to(CONFIGS))
+    for p in CONFIGS.rglob("*.yaml")
+    if p.relative_to(CONFIGS).parts[0] not in ("search", "sweeps", *MAIN_CONFIGS)
+)
 
 
 def needs_gpu(name: str) -> bool:
@@ -49,7 +54,10 @@ def test_main_configs_instantiate_with_linked_classes(name, tmp_path, image_fold
     "extra", [pytest.param(n, marks=[pytest.mark.gpu, NO_CUDA]) if needs_gpu(n) else n for n in STACKABLE]
 )
 def test_stackable_configs_apply_on_top(extra, tmp_path, image_folder):
-    args = config_args("cifar10.yaml", tmp_path, image_folder) + ["--config", str(CONFIGS / extra)]
+    base = (
+        "folder.yaml" if extra.startswith("experiment/folder") else "cifar10.yaml"
+    )  # a folder recipe's preset
+    args = config_args(base, tmp_path, image_folder) + ["--config", str(CONFIGS / extra)]
     cli = ProjectCLI(args=args, run=False)
     stacked = yaml.safe_load((CONFIGS / extra).read_text())
     for key, value in stacked.get("trainer", {}).items():

@@ -95,12 +95,20 @@ def test_a_bad_search_file_is_one_line_naming_what_is_wrong(search, expected, tm
     assert not (tmp_path / "logs").exists()  # no study was created
 
 
-@pytest.mark.parametrize("name", ["cifar10", "cifar100", "folder"])
+SEARCHED_CONFIGS = {
+    "cifar10": ["cifar10.yaml"],
+    "cifar100": ["cifar100.yaml"],
+    "folder": ["folder.yaml"],
+    "folder_simplecnn": ["folder.yaml", "experiment/folder_simplecnn.yaml"],
+}
+
+
+@pytest.mark.parametrize("name", SEARCHED_CONFIGS)
 def test_every_shipped_search_file_fits_its_config(name, tmp_path):
     space = load_search(CONFIGS / "search" / f"{name}.yaml")
     assert space.metric == "val/acc_best" and space.direction == "maximize" and len(space.params) >= 3
-    args = ["--config", str(CONFIGS / f"{name}.yaml")]
-    args += ["--data.root", str(tiny_folder(tmp_path / "images"))] if name == "folder" else []
+    args = [a for config in SEARCHED_CONFIGS[name] for a in ("--config", str(CONFIGS / config))]
+    args += ["--data.root", str(tiny_folder(tmp_path / "images"))] if name.startswith("folder") else []
     check_search(args, space)  # every bound and choice parses as a `fit` value
     assert "#" in (CONFIGS / "search" / f"{name}.yaml").read_text().splitlines()[0]  # says what and why
 

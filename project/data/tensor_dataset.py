@@ -44,7 +44,7 @@ class TensorImageDataset(Dataset):
     def to(self, device: torch.device | str) -> "TensorImageDataset":
         """Hold everything on `device` (a memmap is read into memory first); batches are then gathered there."""
         if isinstance(self.images, np.ndarray):
-            self.images = torch.from_numpy(np.ascontiguousarray(self.images))
+            self.images = torch.from_numpy(np.array(self.images))  # a writable copy in memory, not the file
         self.images = self.images.to(device)
         self.indices = self.indices.to(device)
         self.targets = None if self.targets is None else self.targets.to(device)
