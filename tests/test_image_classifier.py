@@ -10,6 +10,16 @@ def sgd(params):
     return torch.optim.SGD(params, lr=0.1, weight_decay=1e-4)
 
 
+def quiet_trainer(tmp_path, **kwargs) -> L.Trainer:
+    return L.Trainer(
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        default_root_dir=tmp_path,
+        **kwargs,
+    )
+
+
 def test_step_metrics_and_predict():
     model = ImageClassifier(
         SimpleCNN(num_classes=3), num_classes=3, class_names=["a", "b", "c"], optimizer=sgd
@@ -58,13 +68,7 @@ def test_one_cycle_gets_total_steps_and_steps_per_batch(tmp_path):
         SimpleCNN(num_classes=2), num_classes=2, input_shape=None, optimizer=sgd, scheduler=factory
     )
     data = TensorDataset(torch.randn(64, 3, 32, 32), torch.randint(0, 2, (64,)))
-    trainer = L.Trainer(
-        max_epochs=30,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        default_root_dir=tmp_path,
-    )
+    trainer = quiet_trainer(tmp_path, max_epochs=30)
     trainer.fit(model, DataLoader(data, batch_size=16), DataLoader(data, batch_size=16))
     config = trainer.lr_scheduler_configs[0]
     assert config.interval == "step"
@@ -77,13 +81,7 @@ def test_load_from_checkpoint_without_a_trainer(tmp_path):
     trainer attached, which must not need one outside FSDP2."""
     model = ImageClassifier(SimpleCNN(num_classes=2), num_classes=2, input_shape=None, optimizer=sgd)
     data = TensorDataset(torch.randn(8, 3, 32, 32), torch.randint(0, 2, (8,)))
-    trainer = L.Trainer(
-        max_steps=1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        default_root_dir=tmp_path,
-    )
+    trainer = quiet_trainer(tmp_path, max_steps=1)
     trainer.fit(model, DataLoader(data, batch_size=8))
     trainer.save_checkpoint(tmp_path / "model.ckpt")
     restored = ImageClassifier.load_from_checkpoint(
