@@ -151,6 +151,7 @@ def test_lookahead_pulls_the_weights_back_on_schedule_and_ends_on_the_average():
         global_step, estimated_stepping_batches, max_steps = 0, 4, -1
 
     callback.on_fit_start(Trainer, model)
+    callback.on_train_start(Trainer, model)
     weight = model.net.features[0].weight
     start = weight.detach().clone()
     with torch.no_grad():

@@ -30,6 +30,7 @@ class Lookahead(L.Callback):
         self.every_n_steps, self.decay, self.power = every_n_steps, decay, power
         self.average: dict[str, torch.Tensor] = {}
         self._last_step = 0
+        self._total = 1
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         floats = self._floats(pl_module)
@@ -38,9 +39,12 @@ class Lookahead(L.Callback):
         else:
             self.average = {k: v.detach().clone() for k, v in floats.items()}
 
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._total = max(1, int(trainer.estimated_stepping_batches))  # known once the loaders are set up
+
     @torch.no_grad()
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
-        step, total = trainer.global_step, max(1, int(trainer.estimated_stepping_batches))
+        step, total = trainer.global_step, self._total
         last = step >= total or (trainer.max_steps > 0 and step >= trainer.max_steps)
         if step == self._last_step or not (last or step % self.every_n_steps == 0):
             return  # no optimizer step since the last call (accumulation), or not an update step

@@ -45,9 +45,7 @@ def alternating_flip(x: Tensor, rows: Tensor, epoch: int, seed: int = 0) -> Tens
     # Knuth's multiplicative hash of the row: a fixed, evenly split starting side per image, without state.
     start = ((rows.long() * 2654435761 + seed) >> 16) & 1
     flip = (start ^ (epoch & 1)).bool()
-    out = x.clone()
-    out[flip] = x[flip].flip(-1)
-    return out
+    return torch.where(flip.view(-1, 1, 1, 1), x.flip(-1), x)
 
 
 def cutout(x: Tensor, size: int, generator: torch.Generator | None = None) -> Tensor:
