@@ -1,5 +1,6 @@
 """The CLI: every config parses and instantiates; links work; bad configs fail with one clear message."""
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -204,3 +205,30 @@ def test_tools_parse_a_config_as_fit_does(tmp_path, image_folder):
         cli = ProjectCLI(args=["--config", str(CONFIGS / name), *overrides], run=False)
         assert parsed.model.net == cli.config.model.net and parsed.data == cli.config.data, name
         assert parsed.model.optimizer == cli.config.model.optimizer
+
+
+def test_the_fast_exit_does_what_pythons_exit_does_but_the_teardown(tmp_path):
+    """`python -m project` ends with `exit_without_teardown`: the exit code, flushed output, joined threads and
+    the atexit handlers (logging, multiprocessing, W&B) all as after a normal exit."""
+    script = f"""
+import atexit, threading, time
+from pathlib import Path
+from project.__main__ import exit_without_teardown
+atexit.register(lambda: Path({str(tmp_path / "atexit")!r}).write_text("ran"))
+threading.Thread(target=lambda: (time.sleep(0.3), Path({str(tmp_path / "thread")!r}).write_text("done"))).start()
+print("unflushed", end="")
+exit_without_teardown(3)
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 3 and done.stdout == "unflushed", done.stderr
+    assert (tmp_path / "atexit").read_text() == "ran" and (tmp_path / "thread").read_text() == "done"
+
+
+def test_python_m_project_exits_with_the_commands_code(tmp_path):
+    bad = subprocess.run(
+        [sys.executable, "-m", "project", "fit", "--trainer.max_epochs", "many"],
+        cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert bad.returncode == 2 and 'error: Parser key "trainer.max_epochs"' in bad.stderr, bad.stderr
