@@ -11,6 +11,7 @@ import re
 import shutil
 import subprocess
 import sys
+import sysconfig
 from importlib import metadata
 from pathlib import Path
 
@@ -254,7 +255,10 @@ def test_constraints_pin_exactly_what_is_installed():
     installed that is not pinned (the pins are resolved on Python 3.11; CI installs the ranges elsewhere)."""
     if sys.version_info[:2] != (3, 11):
         pytest.skip("the pins are resolved on Python 3.11; other Pythons install pyproject.toml's ranges")
-    installed = {_normalise(d.metadata["Name"]): d.version for d in metadata.distributions()}
+    # Only what pip installed into the environment: once imported, setuptools puts its vendored packages
+    # (jaraco.*, an older packaging, ...) on sys.path, and metadata.distributions() would list them too.
+    site = sorted({sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]})
+    installed = {_normalise(d.metadata["Name"]): d.version for d in metadata.distributions(path=site)}
     installed = {k: v for k, v in installed.items() if k not in ("pip", "setuptools", "wheel", "project")}
     assert installed == _pins()
 
