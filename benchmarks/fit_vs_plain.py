@@ -6,7 +6,8 @@ Same network (the article's SimpleCNN), same batch (64), same number of training
              (its defaults: W&B and CSV logging, checkpoints, diagnostics, the warm image cache), training only
              (--trainer.limit_val_batches 0: the plain loop validates nothing either)
   plain    : python -m benchmarks.plain_recipe (per-image torchvision transforms in 2 workers, Adam, a loop)
-  ceiling  : python -m benchmarks.plain_recipe --in-memory (the same network and step on tensors in memory)
+  ceiling  : python -m benchmarks.plain_recipe --in-memory --channels-last (the same network and step, in the
+             template's default NHWC layout, on tensors in memory)
 
 The three run in turn, `--repeats` times (interleaved, so a burst of load elsewhere hits all of them alike;
 the order rotates from one repeat to the next).
@@ -49,7 +50,8 @@ def commands(args: argparse.Namespace, logs: Path) -> dict[str, list[str]]:
         str(args.steps),
     ]
     plain += ["--batch-size", str(args.batch_size), "--warmup", str(args.warmup)]
-    return {"template": [*template, *clock], "plain": plain, "ceiling": [*plain, "--in-memory"]}
+    ceiling = [*plain, "--in-memory", "--channels-last"]  # the template's step: NHWC by default
+    return {"template": [*template, *clock], "plain": plain, "ceiling": ceiling}
 
 
 def run(command: list[str]) -> dict:

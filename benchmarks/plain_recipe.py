@@ -1,7 +1,8 @@
 """The seed article's recipe as a whole process: its SimpleCNN, Adam (lr 1e-3), batch 64, per-image
 RandomCrop(32, padding=4) + RandomHorizontalFlip + ToTensor + Normalize in 2 DataLoader workers, and a
 hand-written loop. With `--in-memory`, the compute-only ceiling: the same network, optimizer and batch on
-tensors already in memory, without a loader.
+tensors already in memory, without a loader; `--channels-last` gives it the template's default memory layout
+(NHWC weights and inputs), so that it stays the ceiling of the template's own step.
 
     python -m benchmarks.plain_recipe --root /tmp/cifar10/train --steps 800
     python -m benchmarks.plain_recipe --root /tmp/cifar10/train --steps 800 --in-memory
@@ -37,6 +38,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--warmup", type=int, default=100, help="steps before the steady-state rate is timed")
     parser.add_argument("--in-memory", action="store_true", help="the compute-only ceiling: no loader")
+    parser.add_argument("--channels-last", action="store_true", help="NHWC weights and inputs")
     args = parser.parse_args()
 
     torch.manual_seed(0)
@@ -52,10 +54,14 @@ def main() -> None:
     else:
         loader = plain_loader(args.root, args.batch_size, num_workers=args.workers)
         source = (batch for _ in itertools.count() for batch in loader)
+    if args.channels_last:
+        net = net.to(memory_format=torch.channels_last)
     clock = StepClock(args.warmup)
     net.train()
     for _, (x, y) in zip(range(args.steps), source, strict=False):
         clock.step(len(x))
+        if args.channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)
         optimizer.zero_grad(set_to_none=True)
         loss_fn(net(x), y).backward()
         optimizer.step()

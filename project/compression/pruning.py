@@ -143,6 +143,13 @@ class ProgressivePruning(ModelPruning):
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._range = self._epochs(trainer)
+        if not self.structured:
+            # torch.nn.utils.prune's global pruning flattens the weights with .view(-1), which channels-last
+            # (NHWC) weights do not allow: the layers it prunes go back to the default layout.
+            for module, name in self._parameters_to_prune:
+                param = getattr(module, f"{name}_orig", None)
+                param = getattr(module, name) if param is None else param
+                param.data = param.data.contiguous()
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # Resuming: checkpoints hold plain weights, so the masks are rebuilt from the zeros.

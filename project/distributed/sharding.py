@@ -73,6 +73,10 @@ def shard_network(net: nn.Module, mesh: DeviceMesh, reshard_after_forward: bool 
     """
     if isinstance(net, FSDPModule):
         return net
+    for param in net.parameters():
+        # fully_shard refuses non-contiguous parameters: channels-last (NHWC) conv weights go back to the
+        # default layout (the inputs may stay NHWC; the convolution handles the mix).
+        param.data = param.data.contiguous()
     for unit in sharding_units(net):
         fully_shard(unit, mesh=mesh, reshard_after_forward=reshard_after_forward)
     fully_shard(net, mesh=mesh, reshard_after_forward=False)

@@ -39,8 +39,10 @@ class ImageClassifier(L.LightningModule):
             a free ~0.3-0.5 point on CIFAR, at twice the evaluation cost.
         tta_shift: Also average over the images shifted this many pixels up-left and down-right (airbench's
             TTA level 2; `lit/tta.py`), at three times the evaluation cost. 0: off.
-        channels_last: Store conv weights and inputs NHWC. Helps on GPUs with tensor cores under
-            16-mixed/bf16-mixed precision (cuDNN's fastest convolutions are NHWC); measured slower on CPU here.
+        channels_last: Store conv weights and inputs NHWC, the layout the fastest convolutions of oneDNN
+            (CPUs) and cuDNN (tensor cores under 16-mixed/bf16-mixed) work in; the default NCHW layout is
+            converted on every call. On by default: 1.3x whole-process for SimpleCNN on a 2-core CPU
+            (benchmarks/README.md, section 2). Networks without 4-D inputs are unaffected.
         compile: `torch.compile` the network in place (`nn.Module.compile`, so checkpoint keys do not change).
             Pays off on long GPU runs; the first steps are slow while it compiles (minutes on a CPU).
         compile_mode: `torch.compile` mode: `default`, `reduce-overhead` (CUDA graphs, small batches) or
@@ -63,7 +65,7 @@ class ImageClassifier(L.LightningModule):
         norm_bias_lr_scale: float = 1.0,
         tta_flip: bool = False,
         tta_shift: int = 0,
-        channels_last: bool = False,
+        channels_last: bool = True,
         compile: bool = False,
         compile_mode: Literal["default", "reduce-overhead", "max-autotune"] | None = None,
         float32_matmul_precision: Literal["highest", "high", "medium"] | None = None,
