@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from benchmarks.common import emit, machine
+from benchmarks.common import emit, machine, warm_bytecode
 from benchmarks.fit_vs_plain import ROOT, run
 
 CLASSES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
@@ -73,6 +73,7 @@ def main() -> None:
             "cifar": [sys.executable, "-m", "benchmarks.patched_cifar", "fit", "--config", "configs/cifar10.yaml",
                       "--data.data_dir", str(args.cifar_dir), "--data.download", "false", *common],
         }  # fmt: skip
+        warm_bytecode()
         subprocess.run(cmds["folder"], cwd=ROOT, capture_output=True, check=True)  # the image cache, warm
         rows: dict[str, list[dict]] = {"folder": [], "cifar": [], "help": []}
         for repeat in range(args.repeats):
