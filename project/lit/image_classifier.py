@@ -40,9 +40,9 @@ class ImageClassifier(L.LightningModule):
         tta_shift: Also average over the images shifted this many pixels up-left and down-right (airbench's
             TTA level 2; `lit/tta.py`), at three times the evaluation cost. 0: off.
         channels_last: Store conv weights and inputs NHWC, the layout the fastest convolutions of oneDNN
-            (CPUs) and cuDNN (tensor cores under 16-mixed/bf16-mixed) work in; the default NCHW layout is
-            converted on every call. On by default: 1.3x whole-process for SimpleCNN on a 2-core CPU
-            (benchmarks/README.md, section 2). Networks without 4-D inputs are unaffected.
+            (CPUs) and cuDNN (tensor cores under 16-mixed/bf16-mixed) work in. On by default: a SimpleCNN
+            fit ran 1.5x faster than in NCHW on a 2-core CPU (benchmarks/README.md, section 2). Networks
+            without 4-D inputs are unaffected.
         compile: `torch.compile` the network in place (`nn.Module.compile`, so checkpoint keys do not change).
             Pays off on long GPU runs; the first steps are slow while it compiles (minutes on a CPU).
         compile_mode: `torch.compile` mode: `default`, `reduce-overhead` (CUDA graphs, small batches) or
