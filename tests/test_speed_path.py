@@ -23,10 +23,13 @@ def test_tensor_dataset_to_device_reads_memmap_and_keeps_batches(tmp_path):
     assert torch.equal(before[0], after[0]) and torch.equal(after[1], torch.tensor([5, 9]))
 
 
-def test_channels_last_and_tta_flip():
-    model = ImageClassifier(SimpleCNN(num_classes=3), num_classes=3, channels_last=True, tta_flip=True)
+def test_channels_last_by_default_and_tta_flip():
+    model = ImageClassifier(SimpleCNN(num_classes=3), num_classes=3, tta_flip=True)
     model.setup("fit")
     assert model.net.features[0].weight.is_contiguous(memory_format=torch.channels_last)
+    off = ImageClassifier(SimpleCNN(num_classes=3), num_classes=3, channels_last=False)
+    off.setup("fit")
+    assert off.net.features[0].weight.is_contiguous()  # NCHW when switched off
     model.eval()
     x = torch.randn(4, 3, 32, 32)
     expected = (model.net(x) + model.net(x.flip(-1))) / 2
