@@ -52,13 +52,21 @@ def newest_run(root: Path) -> Path:
     return runs[-1]
 
 
+def subprocess_env() -> dict[str, str]:
+    """The environment of a `python -m project` child: the checkout importable, and its own W&B service (an
+    in-process run in this test process leaves WANDB_SERVICE set, and a child joining that service and then
+    killed would leave its run id taken there)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
+    env.pop("WANDB_SERVICE", None)
+    return env
+
+
 def run_cli(*args: str, cwd: Path, check: bool = True, timeout: int = 300) -> subprocess.CompletedProcess:
     """`python -m project <args>` in a subprocess (with the fake-CIFAR checksum patch)."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
     proc = subprocess.run(
         [sys.executable, str(ROOT / "tests" / "patched_main.py"), *map(str, args)],
         cwd=cwd,
-        env=env,
+        env=subprocess_env(),
         capture_output=True,
         text=True,
         timeout=timeout,

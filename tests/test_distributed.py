@@ -36,7 +36,7 @@ from project.distributed import sharding_units
 from project.distributed.sharding import shard_network
 from project.lit import ImageClassifier
 from project.models import CIFARResNet, SimpleCNN
-from tests.conftest import CONFIGS, ROOT, newest_run, run_cli
+from tests.conftest import CONFIGS, ROOT, newest_run, run_cli, subprocess_env
 from tests.probes import PredictionProbe
 from tests.tiny_runs import TRAIN_SIZE, VAL_SIZE, csv_logger_config, fit_args, tiny_cifar
 
@@ -331,7 +331,7 @@ def test_torchrun_two_node_ranks_on_one_machine(cifar, tmp_path):
     pair = [c for c in readme_commands("torchrun ") if "127.0.0.1" in c]
     assert len(pair) == 2
     port, torchrun = free_port(), Path(sys.executable).parent / "torchrun"
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = subprocess_env()
     procs = []
     for i, command in enumerate(pair):
         args = shlex.split(command)

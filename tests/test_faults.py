@@ -51,7 +51,8 @@ def test_ctrl_c_mid_epoch_saves_the_step_and_says_how_to_resume(fake_cifar, tmp_
     saved = torch.load(root / "runs" / "version_0" / "checkpoints" / "last.ckpt", weights_only=True)[
         "global_step"
     ]
-    assert 16 < saved < STEPS  # the step it stopped at, within the second or third epoch
+    # The step it stopped at (the end of the first epoch when the Ctrl-C came before the second one's first step).
+    assert 16 <= saved < STEPS and f"Ctrl-C (SIGINT): the state at step {saved} is in" in err, err[-3000:]
 
     run_cli(*args, "--ckpt_path", "last", cwd=tmp_path)  # the same command
     assert [p.name for p in (root / "runs").glob("version_*")] == ["version_0"]

@@ -14,15 +14,17 @@ import sys
 import time
 from pathlib import Path
 
+import lightning as L
 import pytest
 import torch
+from lightning.pytorch.callbacks import Callback
 
 from project.cli import main
 from project.io import partial_path
 from project.run.checkpoints import AtomicCheckpointIO
 from project.run.provenance import collect_rng_states, set_rng_states
 from project.run.resume import find_last_checkpoint, keep_csv_metrics
-from tests.conftest import CONFIGS, ROOT, run_cli
+from tests.conftest import CONFIGS, ROOT, run_cli, subprocess_env
 
 
 class Unpicklable:
@@ -110,6 +112,62 @@ def test_best_validation_accuracy_survives_a_resume():
     assert resumed.val_acc_best.compute().item() == 0.75
 
 
+def csv_rows(path: Path) -> list[dict[str, str]]:
+    """The rows of a metrics.csv, each with its non-empty values only (the header grows as keys appear)."""
+    rows = csv.DictReader(path.read_text().splitlines()) if path.exists() else []
+    return [{k: v for k, v in row.items() if v} for row in rows]
+
+
+def val_epochs(run: Path) -> list[int]:
+    return sorted({int(r["epoch"]) for r in csv_rows(run / "metrics.csv") if r.get("val/loss")})
+
+
+class WhatAKillLeaves(Callback):
+    """After every training batch and at the start of every validation, records what a process killed at that
+    moment would leave: the step of last.ckpt and the rows of metrics.csv on disk; keeps a copy of last.ckpt
+    at the start of the first validation."""
+
+    moments: list[tuple[int, list[dict[str, str]]]] = []
+
+    def _record(self, trainer: L.Trainer) -> Path | None:
+        last = Path(trainer.checkpoint_callback.dirpath) / "last.ckpt"
+        if last.exists():
+            step = torch.load(last, weights_only=True)["global_step"]
+            type(self).moments.append((step, csv_rows(Path(trainer.logger.log_dir) / "metrics.csv")))
+            return last
+        return None
+
+    def on_train_batch_end(self, trainer: L.Trainer, *args) -> None:
+        self._record(trainer)
+
+    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        last = self._record(trainer)
+        if not trainer.sanity_checking and trainer.current_epoch == 0 and last:
+            (last.parent.parent / "killed-in-validation.ckpt").write_bytes(last.read_bytes())
+
+
+def test_what_a_kill_leaves_resumes_into_the_whole_history(fake_cifar, tmp_path):
+    # 4 batches an epoch and last.ckpt every 2 steps: step 4 is both an epoch's last batch and a save point.
+    WhatAKillLeaves.moments = []
+    args = [*fit_args(fake_cifar, tmp_path, "--trainer.max_epochs", "2", "--trainer.limit_train_batches", "4"),
+            "--trainer.limit_val_batches", "2", "--checkpoint.last_every_n_train_steps", "2"]  # fmt: skip
+    main([*map(str, args), "--trainer.callbacks+=tests.test_kill_resume.WhatAKillLeaves"])
+    run = tmp_path / "runs" / "version_0"
+    # Every row logged before the step a checkpoint holds was on disk with it (the learning-rate rows, which
+    # LearningRateMonitor logs at each epoch start, included): the resumed run does not log them again.
+    final = csv_rows(run / "metrics.csv")
+    assert {r["step"] for r in final if r.get("lr-AdamW/pg1")} == {"0", "4"}
+    for step, on_disk in WhatAKillLeaves.moments:
+        assert [r for r in final if int(r["step"]) < step] == [r for r in on_disk if int(r["step"]) < step]
+
+    # Killed during the first validation: last.ckpt holds a state before it, and the run resumed from there
+    # validates that epoch (from a state saved after the epoch's last batch Lightning would go on to the next).
+    killed = run / "killed-in-validation.ckpt"
+    assert torch.load(killed, weights_only=True)["global_step"] < 4
+    main([*map(str, args), "--ckpt_path", str(killed)])  # an explicit path: a new run folder from that state
+    assert val_epochs(run) == val_epochs(tmp_path / "runs" / "version_1") == [0, 1]
+
+
 # -- end to end --------------------------------------------------------------------------------------------
 def fit_args(data: Path, root: Path, *extra: str) -> list[str]:
     return [
@@ -124,9 +182,10 @@ def fit_args(data: Path, root: Path, *extra: str) -> list[str]:
 
 
 def start(args: list, cwd: Path) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
     cmd = [sys.executable, str(ROOT / "tests" / "patched_main.py"), *map(str, args)]
-    return subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        cmd, cwd=cwd, env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
 
 
 def wait_for(condition, proc: subprocess.Popen, timeout: float = 300, poll: float = 0.0005) -> bool:
@@ -151,8 +210,7 @@ def newest_partial(path: Path) -> int:
 
 
 def final_val(run: Path) -> dict:
-    with open(run / "metrics.csv") as f:
-        rows = [r for r in csv.DictReader(f) if r.get("val/loss")]
+    rows = [r for r in csv_rows(run / "metrics.csv") if r.get("val/loss")]
     return {int(r["epoch"]): (float(r["val/loss"]), float(r["val/acc"])) for r in rows}
 
 

@@ -196,3 +196,32 @@ def test_cli_hooks_are_called(tmp_path, fake_cifar):
     assert cli.config.fit.weights_only is True  # the subcommand default reached the parsed config
     assert calls == [("defaults", "fit", True), ("trainer", True, True), ("run", "fit")]
     assert cli.trainer.global_step == 1
+
+
+class EndsEpoch(Callback):
+    def __init__(self) -> None:
+        self.answers: list[bool] = []
+
+    def on_train_batch_end(self, trainer, pl_module, *args):
+        self.answers.append(private.ends_epoch(trainer))
+
+
+class Stream(torch.utils.data.IterableDataset):
+    """10 samples and no length: the loop learns which batch is the last only by fetching ahead."""
+
+    def __iter__(self):
+        return iter(torch.randn(10, 2).unbind())
+
+
+class TinyStream(Tiny):
+    def train_dataloader(self):
+        return DataLoader(Stream(), batch_size=4)
+
+
+def test_ends_epoch_is_true_after_the_last_batch_only(tmp_path):
+    probe = EndsEpoch()
+    trainer(tmp_path, [probe], max_epochs=2).fit(Tiny())  # 16 samples, batches of 4
+    assert probe.answers == [False, False, False, True] * 2
+    probe = EndsEpoch()
+    trainer(tmp_path, [probe], limit_val_batches=0).fit(TinyStream())
+    assert probe.answers == [False, False, True]

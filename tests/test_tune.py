@@ -5,7 +5,6 @@ ones run real studies of three tiny trials, one of them killed in its second tri
 """
 
 import json
-import os
 import re
 import signal
 import subprocess
@@ -26,7 +25,7 @@ from project.cli import ProjectCLI, fit_parser, main
 from project.studies.pruning import PRUNED_ATTR, STORAGE_ENV, TrialPruning
 from project.studies.search import as_flags, load_search
 from project.studies.tune import check_search, parse_args, write_study
-from tests.conftest import CONFIGS, ROOT, run_cli
+from tests.conftest import CONFIGS, ROOT, run_cli, subprocess_env
 from tests.study_runs import tiny_fit_args, tiny_folder
 
 GOOD = "model.optimizer.init_args.lr: {type: float, low: 1.0e-4, high: 1.0e-1, log: true}\n"
@@ -204,6 +203,24 @@ def test_tune_flags_are_its_own_and_the_rest_goes_to_fit(capsys):
         parse_args(["--search", "s.yaml", "--pruner", "sometimes"])
 
 
+def test_each_fit_of_a_study_gets_its_own_wandb_service(tmp_path, monkeypatch):
+    from project.studies import runner
+
+    seen = {}
+
+    class Finished:
+        def __init__(self, command, env, **kwargs):
+            seen.update(env)
+
+        def wait(self):
+            return 0
+
+    monkeypatch.setenv("WANDB_SERVICE", "unix-1234-/tmp/wandb.sock")  # what wandb sets once it ran here
+    monkeypatch.setattr(runner.subprocess, "Popen", Finished)
+    runner.run_fit(["--model.net", "MLP"], tmp_path, "trial 0", {"WANDB_NAME": "trial-0"}, resume=False)
+    assert seen["WANDB_NAME"] == "trial-0" and "WANDB_SERVICE" not in seen
+
+
 def test_the_readme_lines_that_start_studies_on_slurm_or_many_gpus_parse(tmp_path):
     """The `python -m project cv|tune` commands inside the README's sbatch and shell-loop lines (the lines
     that start with `python -m project` are parsed by tests/test_readme.py)."""
@@ -320,7 +337,7 @@ def test_a_study_killed_in_its_second_trial_finishes_on_rerun_counting_no_trial_
         "--wandb",
         "false",
     ]
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = subprocess_env()
     tune = subprocess.Popen(
         [sys.executable, str(ROOT / "tests" / "patched_main.py"), *args], cwd=tmp_path, env=env
     )

@@ -2,6 +2,7 @@
 histograms; and the W&B sweep config resolves to a valid `python -m project fit` command."""
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -111,3 +112,35 @@ def test_offline_wandb_does_not_log_checkpoints_as_artifacts(fake_cifar, tmp_pat
     assert "warning: W&B is offline: checkpoints are not logged as artifacts" in capsys.readouterr().err
     (logger,) = cli.trainer.loggers
     assert logger._offline and not logger._log_model
+
+
+def test_a_wandb_run_that_cannot_start_is_one_line_and_keeps_the_exit_status(
+    fake_cifar, tmp_path, monkeypatch, capsys
+):
+    import wandb
+
+    from project.cli import main
+    from project.run.wandb_logger import finish_runs
+    from tests.tiny_fit import tiny_args
+
+    def refused(**kwargs):
+        raise RuntimeError(f"Traceback of wandb's service\nrun ID {kwargs['id']} is in use")
+
+    monkeypatch.setattr(wandb, "init", refused)
+    args = ["fit", "--config", str(CONFIGS / "cifar10.yaml"), *tiny_args(fake_cifar, tmp_path, logger=True)]
+    with pytest.raises(SystemExit) as stop:
+        main([*args, "--trainer.max_steps", "3"])
+    err = capsys.readouterr().err
+    assert stop.value.code == 1 and "Traceback" not in err
+    assert re.search(
+        r"error: W&B could not start run \w{8}: run ID \w{8} is in use\. To train without W&B", err
+    )
+
+    # Stopped (SIGTERM) before the run got to start: said as a warning, the stop's own status is kept.
+    from project.run.wandb_logger import WandbLogger
+
+    WandbLogger(save_dir=str(tmp_path), offline=True).log_hyperparams({"lr": 0.1})
+    finish_runs(143)
+    assert re.search(
+        r"warning: W&B could not start run \w{8}: run ID \w{8} is in use", capsys.readouterr().err
+    )

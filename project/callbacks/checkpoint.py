@@ -15,11 +15,10 @@ class BestAndLastCheckpoint(ModelCheckpoint):
     """Keeps the best checkpoints by the monitored metric and, with `save_last`, the latest one.
 
     Lightning 2.6 refreshes `last.ckpt` only when a top-k checkpoint is saved in the same step, so after an
-    epoch that does not improve the metric, `last.ckpt` still holds an older state and resuming from it
-    silently repeats epochs. This subclass writes `last.ckpt` at every save point, every
-    `last_every_n_train_steps` optimizer steps within an epoch (so a kill loses at most that many steps),
-    and when the run is stopped by SIGTERM (preemption: Lightning stops after the current batch; a first Ctrl-C
-    is turned into one by project.run.interrupts).
+    epoch that does not improve the metric, resuming from it silently repeats epochs. This subclass writes
+    `last.ckpt` at every save point, every `last_every_n_train_steps` optimizer steps within an epoch (a kill
+    loses at most that many steps), and when the run is stopped by SIGTERM (preemption: Lightning stops after
+    the current batch; a first Ctrl-C is turned into one by project.run.interrupts).
 
     Args:
         last_every_n_train_steps: Also refresh `last.ckpt` every this many optimizer steps (0: only at the
@@ -43,8 +42,12 @@ class BestAndLastCheckpoint(ModelCheckpoint):
         self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any, **kwargs: Any
     ) -> None:
         super().on_train_batch_end(trainer, pl_module, *args, **kwargs)
-        n = self.last_every_n_train_steps
+        # Never after an epoch's last batch: Lightning resumes such a checkpoint in the next epoch, skipping this
+        # one's validation and end (on SIGTERM it cuts the validation short; the resumed run redoes the batch).
+        if private.ends_epoch(trainer):
+            return
         # On SIGTERM Lightning stops right after this hook: save here, at the usual point of a step checkpoint.
+        n = self.last_every_n_train_steps
         if (n and trainer.global_step % n == 0) or trainer.received_sigterm:
             # A periodic save must not count as "saved at this step": the epoch-end save that may follow at the
             # same step still has to choose the best-k checkpoints and record the validation results.
@@ -53,14 +56,11 @@ class BestAndLastCheckpoint(ModelCheckpoint):
             private.set_last_saved_step(self, saved_before)
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if self.monitor and self.monitor not in trainer.callback_metrics:
-            # No validation has run yet (a run stopped within its first epoch): there is nothing to rank, and
-            # ModelCheckpoint would only warn that the monitored metric is missing. last.ckpt still is written.
-            self._refresh_last(trainer)
-            return
-        super().on_train_epoch_end(trainer, pl_module)
-        if private.saves_on_train_epoch_end(self, trainer):
-            self._refresh_last(trainer)
+        # Before the first validation (a run stopped within its first epoch) there is nothing to rank, and
+        # ModelCheckpoint would only warn that the monitored metric is missing. last.ckpt still is written.
+        if not self.monitor or self.monitor in trainer.callback_metrics:
+            super().on_train_epoch_end(trainer, pl_module)
+        self._refresh_last(trainer)  # unless a save at this step (top-k, a validation's) wrote it already
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         super().on_validation_end(trainer, pl_module)
@@ -68,9 +68,8 @@ class BestAndLastCheckpoint(ModelCheckpoint):
             self._refresh_last(trainer)
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        # Lightning 2.6's on_train_end writes last.ckpt without asking `_should_skip_saving_checkpoint`, so a
-        # `fast_dev_run` (documented to write no checkpoint) would leave a last.ckpt behind for `--ckpt_path last`
-        # to resume from.
+        # Lightning 2.6's on_train_end writes last.ckpt without asking `_should_skip_saving_checkpoint`: a
+        # `fast_dev_run` (documented to write no checkpoint) would leave one for `--ckpt_path last` to resume.
         if not private.skips_saving(self, trainer):
             super().on_train_end(trainer, pl_module)
 
@@ -78,7 +77,11 @@ class BestAndLastCheckpoint(ModelCheckpoint):
         self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException
     ) -> None:
         super().on_exception(trainer, pl_module, exception)
-        if not isinstance(exception, SIGTERMException) or trainer.sanity_checking or trainer.validating:
+        if not isinstance(exception, SIGTERMException) or trainer.sanity_checking:
+            return
+        if trainer.validating:  # no state to save within a validation: the resumed run validates again
+            latest = self.last_model_path or "none saved yet"
+            rank_zero_info(f"{interrupts.stopped_by} during validation: the latest state is in {latest}")
             return
         # SIGTERM that arrived after this step's on_train_batch_end: the state is still between two batches.
         if self._last_refreshed_step != trainer.global_step:

@@ -25,18 +25,13 @@ class PredictionWriter(BasePredictionWriter):
     def __init__(self, output_path: str | None = None) -> None:
         super().__init__(write_interval="batch")
         self.output_path = output_path
-        self._open: contextlib.ExitStack | None = (
-            None  # the CSV being written (renamed into place at the end)
-        )
+        self._open: contextlib.ExitStack | None = None  # the CSV being written, renamed into place at the end
         self._writer = None
         self.path: Path | None = None
 
     def on_predict_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        path = (
-            Path(self.output_path)
-            if self.output_path
-            else Path(trainer.log_dir or trainer.default_root_dir) / "predictions.csv"
-        )
+        default = Path(trainer.log_dir or trainer.default_root_dir) / "predictions.csv"
+        path = Path(self.output_path) if self.output_path else default
         if trainer.world_size > 1:
             path = path.with_name(f"{path.stem}-rank{trainer.global_rank}{path.suffix}")
         self.path = path

@@ -44,6 +44,11 @@ def set_last_saved_step(callback: ModelCheckpoint, step: int) -> None:
     callback._last_global_step_saved = step
 
 
+def ends_epoch(trainer: L.Trainer) -> bool:
+    """Whether the training batch just run is the epoch's last (also for a loader without a length)."""
+    return trainer.fit_loop.epoch_loop._num_ready_batches_reached()
+
+
 # -- tuning -------------------------------------------------------------------------------------------------
 
 

@@ -30,6 +30,7 @@ from project.run.checkpoints import load_checkpoint, load_weights, with_atomic_c
 from project.run.interrupts import CtrlCStopsAfterTheBatch
 from project.run.provenance import RNGState, RunInfo
 from project.run.resume import (
+    LogsBeforeCheckpoints,
     best_checkpoint,
     continue_run,
     find_run_to_continue,
@@ -217,7 +218,13 @@ class ReliableRunMixin:
             trainer_config["default_root_dir"] = str(self._run_dir)
         if self.subcommand != "fit":
             return callbacks
-        return [*callbacks, RNGState(), RunInfo(self._settings), CtrlCStopsAfterTheBatch()]
+        return [
+            *callbacks,
+            RNGState(),
+            RunInfo(self._settings),
+            LogsBeforeCheckpoints(),
+            CtrlCStopsAfterTheBatch(),
+        ]
 
     # -- running -------------------------------------------------------------------------------------------
     def before_fit(self) -> None:

@@ -18,6 +18,8 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+import lightning as L
+from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import CSVLogger
 
 from project.errors import UserError, warn
@@ -140,6 +142,23 @@ def continue_run(loggers: list[Any], ckpt: Path, checkpoint: dict[str, Any]) -> 
             init_args["id"] = wandb_id  # WandbLogger always passes resume="allow": the run continues
     recorded = Path(info["run_dir"]) if info.get("run_dir") else None
     return run_folder_of(ckpt) or (recorded if recorded is not None and recorded.is_dir() else None)
+
+
+class LogsBeforeCheckpoints(Callback):
+    """Writes the loggers' buffered rows to disk before each checkpoint is saved.
+
+    Lightning writes CSVLogger's rows after each of its own logging calls, but rows that callbacks log directly
+    (LearningRateMonitor's, at the start of an epoch) wait in memory for the next one. A process killed after a
+    checkpoint but before that write would lose them, and the run resumed from the checkpoint does not log those
+    steps again. Written here, the logs on disk cover every step a checkpoint holds (`keep_csv_metrics` drops
+    the rows after it).
+    """
+
+    def on_save_checkpoint(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
+        for logger in trainer.loggers:
+            logger.save()  # on rank zero; nothing to do for loggers that write as they go
 
 
 def keep_csv_metrics(logger: CSVLogger, before_step: int) -> None:

@@ -25,7 +25,7 @@ from urllib.parse import urlparse
 from lightning.pytorch import loggers
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
-from project.errors import warn
+from project.errors import UserError, warn
 from project.run.lightning_private import drop_wandb_init_argument
 
 OFFLINE_MODES = ("offline", "dryrun", "disabled")
@@ -114,7 +114,11 @@ class WandbLogger(loggers.WandbLogger):
             self._starter.join()
         self._ready = True
         if self._start_error is not None:
-            raise self._start_error
+            reason = (str(self._start_error).strip().splitlines() or [type(self._start_error).__name__])[-1]
+            raise UserError(
+                f"W&B could not start run {self.version}: {reason}. To train without W&B, leave its logger out "
+                "(`--trainer.logger` with the CSVLogger alone) or set WANDB_MODE=disabled"
+            ) from self._start_error
         for call in self._pending:
             call()
         self._pending = []
@@ -159,7 +163,10 @@ def finish_runs(exit_code: int) -> None:
     written the last rows and the run's exit record (a run directory missing its final epoch)."""
     for logger in _loggers:
         if logger._pending:  # a run that never got to start: it still records its config
-            logger._wait()
+            try:
+                logger._wait()
+            except UserError as e:  # said, and the run's own exit status (a SIGTERM's 143, say) stands
+                warn(str(e))
     _loggers.clear()
     wandb = sys.modules.get("wandb")  # imported only if a WandbLogger was used
     if wandb is not None and wandb.run is not None:

@@ -180,7 +180,10 @@ def run_fit(fit_args: Sequence[str], root_dir: Path, what: str, env: dict[str, s
     command = [sys.executable, "-m", "project", "fit", *map(str, fit_args)]
     command += ["--trainer.default_root_dir", str(root_dir), *(["--ckpt_path", "last"] if resume else [])]
     print(f"{what}: {shlex.join(['python', *command[1:]])}", flush=True)
-    process = subprocess.Popen(command, env=os.environ | env, preexec_fn=_stop_with_parent(os.getpid()))
+    # Each fit its own W&B service: a child joining this process's (WANDB_SERVICE, set once wandb ran here)
+    # would leave its run registered there if killed, and its resumed run, under the same id, be refused.
+    child_env = {k: v for k, v in (os.environ | env).items() if k != "WANDB_SERVICE"}
+    process = subprocess.Popen(command, env=child_env, preexec_fn=_stop_with_parent(os.getpid()))
     stopped: list[int] = []
 
     def forward(signum: int, frame: Any) -> None:
