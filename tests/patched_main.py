@@ -1,7 +1,7 @@
 """`python tests/patched_main.py <args>`: the CLI with torchvision's CIFAR checksum check patched.
 
 End-to-end tests run the real `python -m project` in a subprocess on fake CIFAR files; this is that
-command plus the one patch fake files need.
+command (its entry point, exit included) plus the one patch fake files need.
 """
 
 import sys
@@ -9,9 +9,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from project.cli import main  # noqa: E402
+from project.__main__ import run  # noqa: E402
 from tests.fakes import patch_cifar_integrity  # noqa: E402
 
 if __name__ == "__main__":
     patch_cifar_integrity()
-    main()
+    run()
