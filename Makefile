@@ -34,12 +34,13 @@ constraints: ## Re-pin constraints.txt from a fresh venv, after changing depende
 train: install ## Train: python -m project fit --config $(CONFIG) $(ARGS)
 	$(PY) -m project fit --config $(CONFIG) $(ARGS)
 
-# Both run on every core (pytest-xdist): two processes on a 2-core laptop.
+# Both run on every core (pytest-xdist): two processes on a 2-core laptop; worksteal hands a finished
+# worker the queued tests of a busy one, so the long end-to-end runs do not leave a core idle at the end.
 test: install ## After every change: every module, without the slow end-to-end runs (under 5 min, 2 cores)
-	$(PY) -m pytest -n auto -m "not slow"
+	$(PY) -m pytest -n auto --dist worksteal -m "not slow"
 
 test-all: install ## Everything, the end-to-end runs included: what CI runs (under 8 min, 2 cores)
-	$(PY) -m pytest -n auto
+	$(PY) -m pytest -n auto --dist worksteal
 
 lint: install ## The pre-commit checks on every file: ruff, nbstripout, hygiene (fails if any fixed something)
 	$(WITH_VENV) $(PY) -m pre_commit run --all-files --show-diff-on-failure
