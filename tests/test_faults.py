@@ -15,10 +15,9 @@ import pytest
 import torch
 
 from tests.conftest import newest_run, run_cli
-from tests.test_kill_resume import fit_args, mtime, start, wait_for
+from tests.test_kill_resume import STEPS, fit_args, mtime, start, wait_for
 
 pytestmark = pytest.mark.slow
-STEPS = 3 * 16  # 3 epochs of 400 images in batches of 25
 
 
 def steps_logged(run: Path) -> list[int]:

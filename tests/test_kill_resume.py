@@ -1,7 +1,7 @@
 """Surviving kills: atomic checkpoint writes, periodic and SIGTERM checkpoints, `--ckpt_path last` resume.
 
 The end-to-end test kills a real `python -m project fit` with SIGKILL at several moments (during a checkpoint
-write, and at random delays after progress), once with SIGTERM (preemption), resumes each time with
+write, and just after random steps), once with SIGTERM (preemption), resumes each time with
 `--ckpt_path last` and checks the finished run against an uninterrupted one with the same seed.
 """
 
@@ -181,6 +181,9 @@ def fit_args(data: Path, root: Path, *extra: str) -> list[str]:
     ]  # fmt: skip
 
 
+STEPS = 3 * 16  # what fit_args trains: 3 epochs of 400 images in batches of 25
+
+
 def start(args: list, cwd: Path) -> subprocess.Popen:
     cmd = [sys.executable, str(ROOT / "tests" / "patched_main.py"), *map(str, args)]
     return subprocess.Popen(
@@ -202,6 +205,11 @@ def wait_for(condition, proc: subprocess.Popen, timeout: float = 300, poll: floa
 
 def mtime(path: Path) -> int:
     return path.stat().st_mtime_ns if path.exists() else 0
+
+
+def saved_step(path: Path) -> int:
+    """The global step of the checkpoint at `path` (mmap: its tensors are not read)."""
+    return torch.load(path, weights_only=True, mmap=True)["global_step"]
 
 
 def newest_partial(path: Path) -> int:
@@ -230,9 +238,15 @@ def test_killed_at_random_moments_resumes_and_matches_an_uninterrupted_run(fake_
             # moment may have left one behind: wait for a write of this process's own (a newer partial file).
             stale = newest_partial(last)
             hit = wait_for(lambda b=before, s=stale: newest_partial(last) > s and mtime(last) == b, proc)
-        else:  # after the process has saved progress of its own, at a random moment
-            hit = wait_for(lambda b=before: mtime(last) > b, proc, poll=0.05)
-            time.sleep(rng.uniform(0.0, 1.5))
+        else:  # after the process has saved progress of its own up to a random step, at a random moment
+            # A step, not a delay: however fast the machine, the kill lands before the run ends. The first kill
+            # leaves room for two more segments; the last one comes at least 9 steps before the end.
+            low = max(steps, default=0) + 1
+            target = rng.randint(low, max(low, 24 if not steps else STEPS - 9))
+            hit = wait_for(
+                lambda b=before, t=target: mtime(last) > b and saved_step(last) >= t, proc, poll=0.02
+            )
+            time.sleep(rng.uniform(0.0, 0.1))
         proc.send_signal(signal.SIGTERM if moment == "sigterm" else signal.SIGKILL)
         out, err = proc.communicate(timeout=300)
         assert hit and proc.returncode != 0, f"{moment}: the run ended before the kill\n{err[-3000:]}"
