@@ -168,6 +168,27 @@ def test_what_a_kill_leaves_resumes_into_the_whole_history(fake_cifar, tmp_path)
     assert val_epochs(run) == val_epochs(tmp_path / "runs" / "version_1") == [0, 1]
 
 
+class LastStepAtEpochStart(Callback):
+    """Records the step last.ckpt holds at the start of every epoch."""
+
+    steps: list[int] = []
+
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        last = Path(trainer.checkpoint_callback.dirpath) / "last.ckpt"
+        type(self).steps.append(torch.load(last, weights_only=True)["global_step"] if last.exists() else 0)
+
+
+def test_an_epoch_without_validation_still_saves_its_last_step(fake_cifar, tmp_path):
+    # Validation every second epoch, 4 batches an epoch, last.ckpt every 2 steps: no save follows the last batch
+    # of epochs 0 and 2 (the periodic one there is left out), so the epoch's end saves the step.
+    LastStepAtEpochStart.steps = []
+    args = [*fit_args(fake_cifar, tmp_path, "--trainer.max_epochs", "4", "--trainer.limit_train_batches", "4"),
+            "--trainer.limit_val_batches", "2", "--trainer.check_val_every_n_epoch", "2",
+            "--checkpoint.last_every_n_train_steps", "2"]  # fmt: skip
+    main([*map(str, args), "--trainer.callbacks+=tests.test_kill_resume.LastStepAtEpochStart"])
+    assert LastStepAtEpochStart.steps == [0, 4, 8, 12]
+
+
 # -- end to end --------------------------------------------------------------------------------------------
 def fit_args(data: Path, root: Path, *extra: str) -> list[str]:
     return [
