@@ -209,9 +209,14 @@ def test_lightnings_own_slurm_handler_hangs_when_one_rank_is_signalled(images, t
 def slurm_unavailable() -> str | None:
     if shutil.which("sinfo") is None or shutil.which("sbatch") is None:
         return "SLURM is not installed (CI starts a one-node cluster with tests/slurm/start_cluster.sh)"
-    states = subprocess.run(["sinfo", "-h", "-N", "-o", "%t"], capture_output=True, text=True, timeout=30)
-    if states.returncode != 0 or "idle" not in states.stdout.split():
-        return f"no idle SLURM node (sinfo: {(states.stdout + states.stderr).strip() or 'none'}); see start_cluster.sh"
+    nodes = subprocess.run(["sinfo", "-h", "-N", "-o", "%t %c"], capture_output=True, text=True, timeout=30)
+    idle = [
+        int(cpus) for state, cpus in (line.split() for line in nodes.stdout.splitlines()) if state == "idle"
+    ]
+    if nodes.returncode != 0 or not idle:
+        return f"no idle SLURM node (sinfo: {(nodes.stdout + nodes.stderr).strip() or 'none'}); see start_cluster.sh"
+    if max(idle) < 2:
+        return "the idle SLURM nodes have 1 CPU: the job needs 2 tasks on one node"
     return None
 
 

@@ -3,7 +3,9 @@
 # preemption) without a real cluster. CI runs it before the tests; tests/test_slurm.py skips without it.
 #
 #   sudo tests/slurm/start_cluster.sh        # Debian/Ubuntu: installs slurm and munge first if missing
-#   sbatch --gpus-per-node 0 --nodes 1 --ntasks-per-node 2 configs/slurm/train.sbatch ...
+#   CONFIG=configs/cifar10.yaml STRATEGY=configs/trainer/ddp_cpu.yaml sbatch --gpus-per-node 0 --nodes 1 \
+#       --ntasks-per-node 2 --cpus-per-task 1 configs/slurm/train.sbatch --model.net SimpleCNN
+#   squeue; tail -f slurm-train-*.out; scancel --signal=USR1 JOBID    # preempt it: it stops, requeues, resumes
 #
 # It writes /etc/slurm/slurm.conf for this machine (its hostname and CPUs, on 127.0.0.1), starts munge,
 # slurmctld and slurmd, and waits until `sinfo` shows the node idle. A second call with the cluster up does
