@@ -56,6 +56,6 @@ _log.propagate = False
 
 def warn(message: str) -> None:
     """Tell the user something they must see, on stderr as `warning: ...`, once (global rank 0 only)."""
-    from lightning.pytorch.utilities.rank_zero import rank_zero_only  # the rank Lightning keeps up to date
+    from lightning.fabric.utilities.rank_zero import rank_zero_only  # the rank Lightning keeps up to date
 
     rank_zero_only(_log.warning)(message)

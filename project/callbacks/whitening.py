@@ -33,9 +33,10 @@ class PatchWhiteningInit(L.Callback):
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         net = getattr(pl_module, "net", None)
-        if not hasattr(net, "init_whitening") or trainer.ckpt_path is not None:
+        if net is None or not hasattr(net, "init_whitening") or trainer.ckpt_path is not None:
             return
-        data = trainer.datamodule
+        # Trainer.datamodule is set by Lightning's data connector, outside the class: pyright cannot see it.
+        data = trainer.datamodule  # pyright: ignore[reportAttributeAccessIssue]
         n = min(self.num_images, len(data.train_set))
         images, labels, *_ = data.train_set.__getitems__(list(range(n)))
         x, _ = data.transform_batch((images.to(pl_module.device), labels), train=False)

@@ -45,7 +45,9 @@ class _CompiledInt8(nn.Module):
     def forward(self, *args: Tensor) -> Tensor:
         # Freezing must be on while Inductor compiles (first call, and each new input shape). Passing it as
         # torch.compile(options=...) instead fails to lower onednn.qconv_prepack (torch 2.14).
-        with torch._inductor.config.patch(freezing=True), torch.no_grad(), warnings.catch_warnings():
+        from torch._inductor import config as inductor_config  # a submodule: `import torch` leaves it out
+
+        with inductor_config.patch(freezing=True), torch.no_grad(), warnings.catch_warnings():
             warnings.filterwarnings(
                 "ignore", message="To copy construct from a tensor"
             )  # inside torch's lowering

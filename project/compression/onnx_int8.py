@@ -10,7 +10,7 @@ with; its INT8 graph is fast only after `torch.compile`, which builds C++ on fir
 import platform
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Literal
+from typing import Literal, cast
 
 import numpy as np
 
@@ -121,8 +121,8 @@ def quantize_static_int8(
     Returns:
         The number of calibration batches used.
     """
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
     from onnxruntime.quantization import CalibrationMethod as Method
-    from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
 
     if reduce_range is None:
         reduce_range = needs_reduce_range()
@@ -134,7 +134,8 @@ def quantize_static_int8(
         quantize_static(
             str(pre),
             str(out_path),
-            reader,
+            # A reader by duck typing: CalibrationDataReader's __subclasshook__ accepts any class with get_next.
+            cast(CalibrationDataReader, reader),
             quant_format=QuantFormat.QDQ,
             per_channel=per_channel,
             reduce_range=reduce_range,

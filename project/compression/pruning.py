@@ -4,7 +4,8 @@ One cut at the end of training costs accuracy; raising the sparsity step by step
 lets the remaining weights take over ("To prune, or not to prune", Zhu & Gupta, arXiv:1710.01878).
 """
 
-from typing import Any, Literal
+from collections.abc import Callable
+from typing import Any, Literal, cast
 
 import lightning as L
 import torch
@@ -89,7 +90,7 @@ class ProgressivePruning(ModelPruning):
 
     # -- what is pruned -------------------------------------------------------------------------------------
     def filter_parameters_to_prune(self, parameters_to_prune: Any = ()) -> list[tuple[nn.Module, str]]:
-        layers = [
+        layers: list[tuple[nn.Module, str]] = [
             (m, n) for m, n in parameters_to_prune if isinstance(m, nn.modules.conv._ConvNd | nn.Linear)
         ]
         if self.structured and layers:
@@ -130,9 +131,16 @@ class ProgressivePruning(ModelPruning):
             start = end
         return start, end
 
+    @property
+    def _schedule(self) -> tuple[int, int]:
+        """The (start, end) epochs, resolved in `on_fit_start` against the run's length."""
+        if self._range is None:
+            raise RuntimeError("ProgressivePruning: the schedule is resolved in on_fit_start, not before")
+        return self._range
+
     def sparsity_at(self, epoch: int) -> float | None:
         """The schedule's sparsity for `epoch` (reached at its start), or None before the schedule starts."""
-        start, end = self._range
+        start, end = self._schedule
         if epoch < start:
             return None
         progress = min(1.0, (epoch - start + 1) / (end - start + 1))
@@ -154,7 +162,7 @@ class ProgressivePruning(ModelPruning):
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # Resuming: checkpoints hold plain weights, so the masks are rebuilt from the zeros.
         epoch = trainer.current_epoch
-        start, end = self._range
+        start, end = self._schedule
         if epoch > end:
             self._keep_zeros()
         elif epoch > start:
@@ -167,15 +175,18 @@ class ProgressivePruning(ModelPruning):
         if target is None or self._masks:
             return
         if self.structured:  # layer by layer, each to the target (relative to its remaining channels)
+            # Not global: ModelPruning made pruning_fn prune.ln_structured with its dim and norm bound, a
+            # function (typed together with the global case's BasePruningMethod class).
+            pruning_fn = cast(Callable[..., Any], self.pruning_fn)
             for module, name in self._parameters_to_prune:
                 amount = _step(target, _sparsity([(module, name)]))
                 if amount > 0:
-                    self.pruning_fn(module, name=name, amount=amount)
+                    pruning_fn(module, name=name, amount=amount)
         else:
             amount = _step(target, _sparsity(self._parameters_to_prune))
             if amount > 0:
                 self._apply_global_pruning(amount)
-        if current_epoch >= self._range[1]:
+        if current_epoch >= self._schedule[1]:
             self._keep_zeros()
             rank_zero_info(
                 f"ProgressivePruning: epoch {current_epoch}: target sparsity {self.target_sparsity:.0%} reached "
@@ -211,7 +222,8 @@ class ProgressivePruning(ModelPruning):
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
         if self._masks:
             params, masks = zip(*self._masks, strict=True)
-            torch._foreach_mul_(list(params), list(masks))
+            # torch._foreach_mul_ is left out of torch's __all__, hence the private-import report.
+            torch._foreach_mul_(list(params), list(masks))  # pyright: ignore[reportPrivateImportUsage]
 
     def on_save_checkpoint(
         self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]

@@ -226,13 +226,14 @@ def set_graph_mode(graph: GraphModule, dropout_training: bool, batchnorm_trainin
 
 def freeze_batchnorm(graph: GraphModule) -> None:
     """From now on BatchNorm uses its running statistics, in training too (the fold becomes exact)."""
-    graph._bn_frozen = True
+    # torch annotates Module.__setattr__ for tensors and modules only; a plain flag is stored as is.
+    graph._bn_frozen = True  # pyright: ignore[reportArgumentType]
     graph.train(graph.training)
 
 
 def freeze_observers(graph: GraphModule) -> None:
     """Stops updating the quantization ranges (scales and zero points stay as observed so far)."""
-    graph._observers_frozen = True
+    graph._observers_frozen = True  # pyright: ignore[reportArgumentType]  # as in freeze_batchnorm
     graph.apply(torchao_api().disable_observer)
 
 

@@ -9,13 +9,14 @@ model's.
 """
 
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback, ModelPruning
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch import Tensor, nn
+from torch.fx import GraphModule
 
 from project.compression import pt2e
 from project.compression.epochs import resolve_epoch
@@ -113,7 +114,8 @@ class QuantizationAwareTraining(Callback):
         # Pruning masks are forward pre-hooks on eager modules, which an exported graph does not run.
         from project.compression.pruning import ProgressivePruning
 
-        for callback in trainer.callbacks:
+        # Trainer.callbacks is set by Lightning's callback connector, outside the class: pyright cannot see it.
+        for callback in trainer.callbacks:  # pyright: ignore[reportAttributeAccessIssue]
             if isinstance(callback, ProgressivePruning):
                 end = callback.resolved_end_epoch(trainer)
                 # Equal is fine: the last pruning step comes at the epoch's start, QAT at its first batch.
@@ -136,18 +138,18 @@ class QuantizationAwareTraining(Callback):
         if epoch == self._epoch_seen:
             return
         self._epoch_seen = epoch
-        if not self.prepared and epoch >= self._epochs["start"]:
+        if not self.prepared and self._due("start", epoch):
             self._prepare(pl_module, self._example_shape(pl_module))
             rank_zero_info(
                 f"QuantizationAwareTraining: epoch {epoch}: fake quantization inserted (x86 INT8: per-channel int8 "
                 "weights, uint8 activations, conv+BN folded)"
             )
         if self.prepared and not self.bn_frozen and self._due("bn", epoch):
-            pt2e.freeze_batchnorm(self._net(pl_module))
+            pt2e.freeze_batchnorm(self._graph(pl_module))
             self.bn_frozen = True
             rank_zero_info(f"QuantizationAwareTraining: epoch {epoch}: BatchNorm statistics frozen")
         if self.prepared and not self.observers_frozen and self._due("observers", epoch):
-            pt2e.freeze_observers(self._net(pl_module))
+            pt2e.freeze_observers(self._graph(pl_module))
             self.observers_frozen = True
             rank_zero_info(f"QuantizationAwareTraining: epoch {epoch}: quantization ranges frozen")
 
@@ -166,6 +168,10 @@ class QuantizationAwareTraining(Callback):
 
     def _net(self, pl_module: L.LightningModule) -> nn.Module:
         return getattr(pl_module, self.module_name)
+
+    def _graph(self, pl_module: L.LightningModule) -> GraphModule:
+        # Once prepared, the network attribute holds the GraphModule that _prepare put there.
+        return cast(GraphModule, self._net(pl_module))
 
     def _prepare(self, pl_module: L.LightningModule, example_shape: tuple[int, ...]) -> None:
         net = self._net(pl_module)
@@ -205,7 +211,7 @@ class QuantizationAwareTraining(Callback):
             return
         # Lightning has loaded the float weights into the eager network: capture it, then restore the ranges.
         self._prepare(pl_module, tuple(state["example_shape"]))
-        net = self._net(pl_module)
+        net = self._graph(pl_module)
         prefix = f"{self.module_name}."
         fake_quant = {k.removeprefix(prefix): v for k, v in state.get("fake_quant", {}).items()}
         missing = set(net.state_dict()) - {k.removeprefix(prefix) for k in self._float_keys} - set(fake_quant)
@@ -224,7 +230,8 @@ class QuantizationAwareTraining(Callback):
 
     # -- the INT8 model -------------------------------------------------------------------------------------
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if not self.prepared:
+        example_shape = self.example_shape  # set by _prepare, together with `prepared`
+        if not self.prepared or example_shape is None:
             rank_zero_warn(
                 f"QuantizationAwareTraining: training ended (epoch {trainer.current_epoch}) before QAT started "
                 f"(epoch {self._epochs.get('start')}): no INT8 model was saved"
@@ -232,19 +239,14 @@ class QuantizationAwareTraining(Callback):
             return
         if not trainer.is_global_zero:
             return
-        prepared = self._net(pl_module)
+        prepared = self._graph(pl_module)
         int8 = pt2e.convert(prepared)
         self.report = evaluate_int8(trainer, pl_module, prepared, int8) if self.evaluate else {}
-        folder = (
-            Path(trainer.checkpoint_callback.dirpath)
-            if getattr(trainer.checkpoint_callback, "dirpath", None)
-            else Path(trainer.log_dir or trainer.default_root_dir)
-        )
+        dirpath = getattr(trainer.checkpoint_callback, "dirpath", None)
+        folder = Path(dirpath) if dirpath else Path(trainer.log_dir or trainer.default_root_dir)
         backend = "torchao PT2E, X86InductorQuantizer" + (" (reduce_range)" if self.reduce_range else "")
-        metadata = int8_metadata(trainer, pl_module, self.example_shape, backend, self.report)
-        self.int8_path = save_int8(
-            int8, folder / self.filename, torch.zeros(2, *self.example_shape), metadata
-        )
+        metadata = int8_metadata(trainer, pl_module, example_shape, backend, self.report)
+        self.int8_path = save_int8(int8, folder / self.filename, torch.zeros(2, *example_shape), metadata)
         rank_zero_info(f"QuantizationAwareTraining: INT8 model saved to {self.int8_path}")
         if self.report:
             for logger in trainer.loggers:

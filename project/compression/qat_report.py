@@ -3,12 +3,14 @@ saved inside the INT8 program."""
 
 import importlib.metadata
 import math
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, cast
 
 import lightning as L
 import torch
 from lightning.pytorch.trainer.states import RunningStage
 from torch import nn
+from torch.fx import GraphModule
 from torchmetrics.classification import MulticlassAccuracy
 
 from project.compression import pt2e
@@ -16,11 +18,12 @@ from project.compression import pt2e
 
 @torch.no_grad()
 def evaluate_int8(
-    trainer: L.Trainer, pl_module: L.LightningModule, prepared: nn.Module, int8: nn.Module
+    trainer: L.Trainer, pl_module: L.LightningModule, prepared: GraphModule, int8: nn.Module
 ) -> dict[str, float]:
     """Top-1 accuracy of the float, fake-quantized and INT8 models on the validation set (as limited by
     trainer.limit_val_batches), and how often INT8 and fake-quantized predictions agree."""
-    datamodule = trainer.datamodule
+    # Trainer.datamodule is set by Lightning's data connector, outside the class: pyright cannot see it.
+    datamodule = trainer.datamodule  # pyright: ignore[reportAttributeAccessIssue]
     loader = datamodule.val_dataloader() if datamodule is not None else trainer.val_dataloaders
     if loader is None or isinstance(loader, list | tuple | dict):
         return {}
@@ -33,7 +36,9 @@ def evaluate_int8(
     stage = trainer.state.stage
     trainer.state.stage = RunningStage.VALIDATING  # the DataModule normalises without augmenting
     # The same definition as the module's val/acc: the fraction of images classified correctly.
-    num_classes = int(getattr(pl_module.hparams, "num_classes", 0) or len(pl_module.class_names))
+    # nn.Module types attribute look-ups as Tensor | Module; class_names is the classifier's list of names.
+    class_names = cast("Sequence[str]", pl_module.class_names)
+    num_classes = int(getattr(pl_module.hparams, "num_classes", 0) or len(class_names))
     accuracy = {
         k: MulticlassAccuracy(num_classes, average="micro").to(pl_module.device)
         for k in ("float", "fake_quant", "int8")
@@ -69,7 +74,8 @@ def int8_metadata(
     report: dict[str, float],
 ) -> dict[str, Any]:
     """What travels inside the INT8 program: input facts, class names, normalisation, accuracies, versions."""
-    datamodule = trainer.datamodule
+    # Trainer.datamodule is set by Lightning's data connector, outside the class: pyright cannot see it.
+    datamodule = trainer.datamodule  # pyright: ignore[reportAttributeAccessIssue]
     versions = {}
     for package in ("torch", "torchao"):
         try:

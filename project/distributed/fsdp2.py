@@ -2,7 +2,8 @@
 
 from datetime import timedelta
 
-from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
+# torch's own, or Lightning's stand-in where torch.distributed is missing; not in the module's __all__.
+from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout  # pyright: ignore[reportPrivateImportUsage]
 from lightning.pytorch.strategies import ModelParallelStrategy
 
 from project.run.lightning_private import set_data_parallel_size

@@ -7,7 +7,7 @@ unit would gather every parameter at once (no memory saved); sharding every laye
 with tiny collectives.
 """
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
@@ -46,7 +46,7 @@ def sharding_units(net: nn.Module, block_types: Sequence[type[nn.Module]] = BLOC
     `block_types` is a unit (blocks nested inside a unit are not split further); a network without such
     blocks (SimpleCNN, MLP) is sharded by its top-level children that hold parameters.
     """
-    custom = getattr(net, "sharding_units", None)
+    custom: Callable[[], Iterable[nn.Module]] | None = getattr(net, "sharding_units", None)
     if callable(custom):
         return list(custom())
     units: list[nn.Module] = []

@@ -11,14 +11,14 @@ import json
 import warnings
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import torch
 from torch import nn
 
 from project.errors import UserError
 from project.export.runtimes import INPUT_NAME, OUTPUT_NAME, ort_session
-from project.export.trained import TrainedModel, load_trained, parse_tool_args
+from project.export.trained import TrainedModel, load_trained
 from project.io import check_writable, staged_outputs
 
 #: ONNX opset written by default: 18 is the dynamo exporter's native opset and is run by every
@@ -130,7 +130,9 @@ def export_torchscript(net: nn.Module, input_shape: tuple[int, int, int], path: 
                 stacklevel=2,
             )
             with torch.no_grad():
-                module, method = torch.jit.trace(net, torch.randn(2, *input_shape)), "trace"
+                # Tracing a Module (not a function) gives a ScriptModule.
+                traced = cast(torch.jit.ScriptModule, torch.jit.trace(net, torch.randn(2, *input_shape)))
+                module, method = traced, "trace"
         module.save(str(path))
     return method
 
@@ -262,6 +264,8 @@ def export(
 
 def parse_args(args: list[str]) -> dict:
     """The keyword arguments of `export` for a command line (checks it without running anything)."""
+    from project.cli import parse_tool_args
+
     return parse_tool_args(export, args, prog="python -m project export")
 
 

@@ -79,8 +79,9 @@ class Preprocessing:
         missing = [k for k in ("input_shape", "mean", "std", "class_names") if k not in d]
         if missing:
             raise UserError(f"{source} lacks {', '.join(missing)}")
+        channels, height, width = (int(v) for v in d["input_shape"])
         return cls(
-            input_shape=tuple(int(v) for v in d["input_shape"]),
+            input_shape=(channels, height, width),
             mean=tuple(float(v) for v in d["mean"]),
             std=tuple(float(v) for v in d["std"]),
             class_names=tuple(str(v) for v in d["class_names"]),

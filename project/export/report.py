@@ -213,11 +213,12 @@ def log_to_wandb(
         dir=str(output_dir),
         job_type="quantize",
         config=info,
-        mode=os.environ.get("WANDB_MODE", "offline"),
+        # W&B checks the mode itself; its settings also take `dryrun` and `run`, which init's annotation omits.
+        mode=os.environ.get("WANDB_MODE", "offline"),  # pyright: ignore[reportArgumentType]
         reinit="finish_previous",
     )
     try:
-        run.log({"quantization": wandb.Table(columns=COLUMNS, data=table_rows(results))})
+        run.log({"quantization": wandb.Table(columns=list(COLUMNS), data=table_rows(results))})
         for r in results:
             run.summary.update(
                 {

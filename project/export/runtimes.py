@@ -7,7 +7,7 @@ INT8 models; wrapping each in a `Runtime` keeps those comparisons to one loop. I
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol, cast
 
 import numpy as np
 import torch
@@ -15,12 +15,15 @@ from torch import nn
 
 from project.errors import UserError
 
+if TYPE_CHECKING:
+    import onnxruntime as ort
+
 INPUT_NAME, OUTPUT_NAME = "input", "logits"
 #: `model_int8.pt2` is the default name used by `project.compression.qat.QuantizationAwareTraining`.
 QAT_PATTERNS = ("*qat*.pt2", "*qat*.onnx", "*int8*.pt2")
 
 
-def ort_session(path: str | Path, threads: int | None = None):
+def ort_session(path: str | Path, threads: int | None = None) -> "ort.InferenceSession":
     """An ONNX Runtime CPU session with all graph optimisations and `threads` intra-op threads."""
     import onnxruntime as ort
 
@@ -63,13 +66,14 @@ class OnnxRuntime:
 
     path: str | Path
     threads: int | None = None
-    session: object = field(init=False, repr=False)
+    session: "ort.InferenceSession" = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.session = ort_session(self.path, threads=self.threads)
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
-        return self.session.run([OUTPUT_NAME], {INPUT_NAME: np.ascontiguousarray(x, dtype=np.float32)})[0]
+        outputs = self.session.run([OUTPUT_NAME], {INPUT_NAME: np.ascontiguousarray(x, dtype=np.float32)})
+        return cast(np.ndarray, outputs[0])  # the logits: a dense tensor, not a sparse one, list or map
 
 
 def softmax(logits: np.ndarray) -> np.ndarray:

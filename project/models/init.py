@@ -1,6 +1,8 @@
 """Weight initialisation shared by the networks."""
 
-from torch import nn
+from typing import cast
+
+from torch import Tensor, nn
 from torchvision.models.resnet import BasicBlock, Bottleneck
 
 
@@ -22,8 +24,9 @@ def init_weights(net: nn.Module, zero_init_residual: bool = True) -> nn.Module:
             nn.init.zeros_(m.bias)
     if zero_init_residual:
         for m in net.modules():
+            # torchvision types the blocks' norm layers as any Module; they are BatchNorm2d, weight a Parameter.
             if isinstance(m, Bottleneck):
-                nn.init.zeros_(m.bn3.weight)
+                nn.init.zeros_(cast(Tensor, m.bn3.weight))
             elif isinstance(m, BasicBlock):
-                nn.init.zeros_(m.bn2.weight)
+                nn.init.zeros_(cast(Tensor, m.bn2.weight))
     return net

@@ -18,6 +18,7 @@ from fastapi.responses import JSONResponse
 from PIL import UnidentifiedImageError
 
 from project.data.images import ImageTooLarge, open_image
+from project.errors import UserError
 from project.export.preprocessing import Preprocessing, read_metadata
 from project.export.runtimes import OnnxRuntime, softmax
 
@@ -78,6 +79,10 @@ class ClassifierAPI(ls.LitAPI):
         else:
             from project.export.trained import load_trained
 
+            if self.ckpt_path is None:
+                raise UserError(
+                    "ClassifierAPI needs ckpt_path (a checkpoint) or onnx_path (an exported model)"
+                )
             trained = load_trained(self.ckpt_path, self.configs, self.overrides)
             self.pre: Preprocessing = trained.preprocessing
             self.net = trained.net.to(device).eval()

@@ -3,10 +3,10 @@
 import logging
 import os
 import signal
+from typing import Literal
 
 from project.errors import UserError
 from project.export.preprocessing import read_metadata
-from project.export.trained import parse_tool_args
 from project.serve.api import ClassifierAPI
 
 
@@ -22,7 +22,7 @@ def serve(
     max_upload_mb: float = 10.0,
     max_image_pixels: int = 40_000_000,
     workers: int = 1,
-    accelerator: str = "auto",
+    accelerator: Literal["auto", "cpu", "cuda", "mps"] = "auto",
     threads: int | None = None,
     top_k: int = 1,
     log_level: str = "warning",
@@ -49,7 +49,7 @@ def serve(
         max_upload_mb: Largest request body in MB (413 above).
         max_image_pixels: Largest width x height of an uploaded image (413 above).
         workers: Inference worker processes per device.
-        accelerator: `auto`, `cpu` or `cuda` (ONNX models run on the CPU).
+        accelerator: `auto`, `cpu`, `cuda` or `mps` (ONNX models run on the CPU).
         threads: CPU threads per inference worker.
         top_k: Also return the top_k most likely classes when above 1.
         log_level: Server log level (`info` logs every request).
@@ -74,6 +74,7 @@ def serve(
     else:
         from project.export.trained import load_trained
 
+        assert ckpt_path is not None  # exactly one of the two, checked above
         pre = load_trained(ckpt_path, config, overrides).preprocessing
     info = {
         "source": onnx or ckpt_path,
@@ -136,6 +137,8 @@ def _stop_gracefully_on_signals() -> None:
 
 def parse_args(args: list[str]) -> dict:
     """The keyword arguments of `serve` for a command line (checks it without running anything)."""
+    from project.cli import parse_tool_args
+
     return parse_tool_args(serve, args, prog="python -m project serve")
 
 

@@ -81,9 +81,11 @@ class DataWaitMonitor(Callback):
         pl_module.log("train/data_wait_epoch", fraction, on_step=False, on_epoch=True, batch_size=1)
         if self._batches >= self.min_batches and fraction > self.warn_above and not self._warned:
             self._warned = True  # once per run: the advice does not change from epoch to epoch
+            # Trainer.datamodule is set by Lightning's data connector, outside the class: pyright cannot see it.
+            datamodule = trainer.datamodule  # pyright: ignore[reportAttributeAccessIssue]
             rank_zero_warn(
                 f"training is data-bound: {fraction:.0%} of each step (epoch {trainer.current_epoch} mean) waits "
-                f"for the next batch. {advice(trainer.datamodule)}"
+                f"for the next batch. {advice(datamodule)}"
             )
 
 

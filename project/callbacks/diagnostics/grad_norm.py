@@ -10,7 +10,9 @@ def logs_this_step(trainer: L.Trainer, stepped: bool = False) -> bool:
     """Whether the values logged in this training step reach the loggers (every `log_every_n_steps` steps, and
     at the last one): measured only then, a diagnostic costs nothing in between. `stepped`: asked after the
     optimizer step (in `on_train_batch_end`), when `global_step` already counts it."""
-    n, step = trainer.log_every_n_steps, trainer.global_step + (0 if stepped else 1)
+    # Lightning's logger connector sets `log_every_n_steps`, outside the class: pyright cannot see it.
+    n = trainer.log_every_n_steps  # pyright: ignore[reportAttributeAccessIssue]
+    step = trainer.global_step + (0 if stepped else 1)
     return bool(trainer.loggers) and n > 0 and (step % n == 0 or trainer.should_stop)
 
 

@@ -57,7 +57,9 @@ class NonFiniteGuard(Callback):
         checks = [loss.float().reshape(1)]
         if scaler is None and grads:
             # The norm of a tensor with a NaN or inf entry is NaN or inf: one number per parameter.
-            checks.append(torch.stack(torch._foreach_norm([g for _, g in grads])).float().to(loss.device))
+            # torch._foreach_norm is left out of torch's __all__, hence the private-import report.
+            norms = torch._foreach_norm([g for _, g in grads])  # pyright: ignore[reportPrivateImportUsage]
+            checks.append(torch.stack(norms).float().to(loss.device))
         if bool(torch.isfinite(torch.cat(checks)).all()):  # the one synchronisation
             return
         first = next((name for name, g in grads if not bool(torch.isfinite(g).all())), None)

@@ -63,4 +63,5 @@ class ImageThroughputMonitor(ThroughputMonitor):
 
     def _set_batch_flops(self, pl_module: L.LightningModule, batch: Any, stage: str) -> None:
         if self._set_flops:
-            pl_module.flops_per_batch = self._flops[stage] * _batch_size(batch)
+            # torch annotates Module.__setattr__ for tensors and modules only; a plain number is stored as is.
+            pl_module.flops_per_batch = self._flops[stage] * _batch_size(batch)  # pyright: ignore[reportArgumentType]

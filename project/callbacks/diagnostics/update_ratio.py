@@ -73,9 +73,9 @@ class UpdateRatioMonitor(Callback):
         self._record(
             pl_module,
             {
-                name: lrs.get(id(p), 0.0) * p.grad.norm() / p.norm()
+                name: lrs.get(id(p), 0.0) * grad.norm() / p.norm()
                 for name, p in params.items()
-                if id(p) in lrs
+                if id(p) in lrs and (grad := p.grad) is not None
             },
         )
 

@@ -68,8 +68,9 @@ class WandbDashboard(Callback):
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
         # The W&B run starts now, in the background: off the path to the first step, up long before the first
         # metrics are logged (project.run.wandb_logger.WandbLogger; Lightning's own started at setup).
-        if self._logger is not None and callable(getattr(self._logger, "start", None)):
-            self._logger.start()
+        start = getattr(self._logger, "start", None) if self._logger is not None else None
+        if callable(start):
+            start()
 
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self._watched is not None and self._logger is not None:
@@ -116,7 +117,9 @@ class WandbDashboard(Callback):
             pairs = targets * num_classes + logits.argmax(1)
             self._matrix += torch.bincount(pairs, minlength=num_classes**2).view(num_classes, num_classes)
         if self.worst_k:
-            self._keep_worst(logits, targets, batch[0], trainer.datamodule)
+            # Trainer.datamodule is set by Lightning's data connector, outside the class: pyright cannot see it.
+            datamodule = trainer.datamodule  # pyright: ignore[reportAttributeAccessIssue]
+            self._keep_worst(logits, targets, batch[0], datamodule)
 
     def _keep_worst(self, logits: Tensor, targets: Tensor, images: Tensor, datamodule: Any) -> None:
         probs = logits.softmax(1)
@@ -140,7 +143,8 @@ class WandbDashboard(Callback):
         self._worst = sorted(self._worst, key=lambda row: row[0])[: self.worst_k]
 
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if not self._active(trainer) or (self._matrix is None and not self._worst):
+        logger = self._logger
+        if logger is None or not self._active(trainer) or (self._matrix is None and not self._worst):
             return
         matrix = trainer.strategy.reduce(self._matrix, reduce_op="sum") if self._matrix is not None else None
         if not trainer.is_global_zero:
@@ -173,7 +177,7 @@ class WandbDashboard(Callback):
             metrics["val/worst_predictions"] = wandb.Table(
                 columns=["image", "true", "predicted", "confidence", "p_true"], data=rows
             )
-        self._logger.log_metrics(metrics, step=trainer.global_step)
+        logger.log_metrics(metrics, step=trainer.global_step)
 
 
 def _to_uint8(images: Tensor, datamodule: Any) -> Tensor:

@@ -1,6 +1,7 @@
 """`MaxBatchSizeFinder`: the largest power-of-two batch size that trains without running out of memory."""
 
 import logging
+from typing import cast
 
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.callbacks import BatchSizeFinder as LightningBatchSizeFinder
@@ -98,13 +99,13 @@ class MaxBatchSizeFinder(LightningBatchSizeFinder):
                 f"MaxBatchSizeFinder on {device.type}: nothing runs out of memory here, so the search stops at "
                 f"max_val={self.max_val} or the training set's size, not at a memory limit."
             )
-        configured = int(lightning_getattr(pl_module, BATCH_ARG))
+        configured = _batch_size(pl_module)
         try:
             with _without_lightnings_verdict():
                 super().scale_batch_size(trainer, pl_module)
         except ValueError:
             # After an OOM at batch size 1, Lightning halves to 0 and the DataLoader refuses it.
-            if lightning_getattr(pl_module, BATCH_ARG) >= 1:
+            if _batch_size(pl_module) >= 1:
                 raise
             raise UserError(
                 f"MaxBatchSizeFinder: even a batch of 1 runs out of memory on {device}: use a smaller network or "
@@ -176,10 +177,18 @@ class MaxBatchSizeFinder(LightningBatchSizeFinder):
     @staticmethod
     def _dataset_size(trainer: Trainer) -> int | None:
         loader = trainer.train_dataloader
+        if loader is None:
+            return None
         try:
             return len(loader.dataset)
         except (AttributeError, TypeError):  # several loaders, or an iterable dataset: no bound
             return None
+
+
+def _batch_size(pl_module: LightningModule) -> int:
+    # lightning_getattr is typed Optional[Any]: the attribute it finds (model, hparams or datamodule) is the
+    # batch size the DataLoaders were built with, an int.
+    return int(cast(int, lightning_getattr(pl_module, BATCH_ARG)))
 
 
 class _without_lightnings_verdict(logging.Filter):

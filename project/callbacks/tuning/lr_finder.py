@@ -2,7 +2,7 @@
 
 import math
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal, cast
 
 import lightning as L
 from lightning.pytorch.callbacks import LearningRateFinder
@@ -11,6 +11,10 @@ from lightning.pytorch.loggers import WandbLogger
 from project.callbacks.tuning.shared import override_factory, rebuild_optimizers, report, stop_after_tuning
 from project.errors import UserError
 from project.lit.factories import takes_argument
+
+if TYPE_CHECKING:
+    from lightning.pytorch.tuner.lr_finder import _LRFinder
+    from matplotlib.figure import Figure
 
 
 class LRFinder(LearningRateFinder):
@@ -61,8 +65,9 @@ class LRFinder(LearningRateFinder):
         super().lr_find(trainer, pl_module)
         if self.optimal_lr is None:  # fast_dev_run: Lightning skips the test (and says so)
             return
-        lr = self.optimal_lr.suggestion()
-        losses = self.optimal_lr.results.get("loss", [])
+        finder = self.optimal_lr
+        lr = finder.suggestion()
+        losses = finder.results.get("loss", [])
         if lr is None or not math.isfinite(lr):
             raise UserError(
                 f"LRFinder: no suggestion from {len(losses)} recorded losses (more than 11 are needed): the loss "
@@ -70,7 +75,7 @@ class LRFinder(LearningRateFinder):
                 f"{self.num_training_steps} (limit_train_batches x max_epochs). Lower max_lr, or allow more batches."
             )
         self.suggestion = lr
-        plot = self._save_plot(trainer)
+        plot = self._save_plot(trainer, finder)
 
         flags = f"--model.optimizer.init_args.lr {lr:.3g}"
         scheduler = getattr(pl_module, "scheduler", None)
@@ -88,7 +93,7 @@ class LRFinder(LearningRateFinder):
             stop_after_tuning()
         self._apply(trainer, pl_module, lr)
 
-    def _save_plot(self, trainer: L.Trainer) -> Path:
+    def _save_plot(self, trainer: L.Trainer, finder: "_LRFinder") -> Path:
         path = Path(self.plot_path or Path(trainer.log_dir or trainer.default_root_dir) / "lr_find.png")
         if trainer.is_global_zero:
             import matplotlib
@@ -96,8 +101,9 @@ class LRFinder(LearningRateFinder):
             matplotlib.use("Agg")  # files only: works without a display
             import matplotlib.pyplot as plt
 
-            fig = self.optimal_lr.plot(suggest=True, show=False)
-            fig.axes[0].set_title(f"Learning-rate range test: suggestion {self.optimal_lr.suggestion():.3g}")
+            # Without an `ax` to draw into, plot() makes its own Figure (plt.subplots()).
+            fig = cast("Figure", finder.plot(suggest=True, show=False))
+            fig.axes[0].set_title(f"Learning-rate range test: suggestion {finder.suggestion():.3g}")
             path.parent.mkdir(parents=True, exist_ok=True)
             fig.savefig(path, dpi=120, bbox_inches="tight")
             plt.close(fig)
