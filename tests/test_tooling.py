@@ -220,9 +220,12 @@ def test_install_can_skip_the_pins(tmp_path):
         ]
         return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=60).stdout
 
-    assert "pip install -q -c constraints.txt -e '.[dev]'" in dry_run()
+    pinned = dry_run()
+    assert "pip install -q --require-hashes -r constraints.txt" in pinned
+    assert "pip install -q --no-deps --no-build-isolation -e ." in pinned  # the project: nothing unhashed
     ranges = dry_run("CONSTRAINTS=")
-    assert "-e '.[dev]'" in ranges and "-c " not in ranges
+    assert "-e '.[dev,postgres]'" in ranges and "constraints.txt" not in ranges
+    assert "--require-hashes" not in ranges  # the ranges resolve anew: there is nothing to check them against
 
 
 def test_ci_workflow_runs_the_readme_test_command_on_python_310_to_312():
@@ -240,10 +243,45 @@ def test_ci_workflow_runs_the_readme_test_command_on_python_310_to_312():
     assert any(s.get("run", "").startswith("make lint") for s in workflow["jobs"]["lint"]["steps"])
 
 
+def _pin_lines() -> list[str]:
+    """constraints.txt's requirements, one line each: `name==version --hash=sha256:...` (continuations joined)."""
+    text = (ROOT / "constraints.txt").read_text().replace("\\\n", " ")
+    return [line for line in text.splitlines() if line.strip() and not line.startswith("#")]
+
+
 def _pins() -> dict[str, str]:
-    lines = (ROOT / "constraints.txt").read_text().splitlines()
-    pairs = (line.split("==") for line in lines if line.strip() and not line.startswith("#"))
+    pairs = (line.split()[0].split("==") for line in _pin_lines())
     return {_normalise(name): version for name, version in pairs}
+
+
+def test_every_pin_has_a_sha256():
+    """pip's --require-hashes refuses the whole install if one requirement lacks a hash: each pin is exact and
+    carries the sha256 of at least one file."""
+    bad = [
+        line
+        for line in _pin_lines()
+        if not re.fullmatch(r"[A-Za-z0-9_.-]+==[^\s=]+( --hash=sha256:[0-9a-f]{64})+", " ".join(line.split()))
+    ]
+    assert bad == []
+    assert {"torch", "torchvision", "lightning", "timm", "pyright", "psycopg"} <= set(_pins())
+
+
+@pytest.mark.parametrize("name", ["lightning", "pytorch-lightning"])
+def test_the_malicious_lightning_releases_are_excluded(name):
+    """lightning and pytorch-lightning 2.6.2 and 2.6.3 on PyPI carried credential-stealing code: no range in
+    pyproject.toml may resolve to them, and the pins are not them either."""
+    from packaging.requirements import Requirement
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    extras = [d for ds in project["optional-dependencies"].values() for d in ds]
+    declared = [Requirement(d) for d in [*project["dependencies"], *extras]]
+    ranges = [r.specifier for r in declared if _normalise(r.name) == name]
+    assert ranges, f"{name} must be declared (lightning requires pytorch-lightning without a range)"
+    pinned = _pins()[name]
+    for specifier in ranges:
+        assert not specifier.contains("2.6.2") and not specifier.contains("2.6.3")
+        assert specifier.contains(pinned)  # the pinned release still fits
+    assert pinned not in ("2.6.2", "2.6.3")
 
 
 def _normalise(name: str) -> str:
@@ -259,8 +297,11 @@ def test_constraints_pin_exactly_what_is_installed():
     # (jaraco.*, an older packaging, ...) on sys.path, and metadata.distributions() would list them too.
     site = sorted({sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]})
     installed = {_normalise(d.metadata["Name"]): d.version for d in metadata.distributions(path=site)}
-    installed = {k: v for k, v in installed.items() if k not in ("pip", "setuptools", "wheel", "project")}
-    assert installed == _pins()
+    # pip, setuptools and wheel are pinned too (the installer and the project's build backend), but an
+    # environment may carry other versions of them (a developer's upgraded pip).
+    tools = ("pip", "setuptools", "wheel")
+    installed = {k: v for k, v in installed.items() if k not in (*tools, "project")}
+    assert installed == {k: v for k, v in _pins().items() if k not in tools}
 
 
 def test_every_imported_package_is_declared():
