@@ -24,8 +24,8 @@ from typing import Any
 
 import lightning as L
 from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import SIGTERMException
-from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
 from project.errors import UserError, warn
 from project.run import interrupts
