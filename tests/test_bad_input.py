@@ -229,11 +229,15 @@ def test_unwritable_output_folder_is_named(fake_cifar, tmp_path, capsys):
     assert "trainer.default_root_dir" in message and "a_file/logs is not a writable folder" in message
 
 
-def test_network_that_does_not_fit_the_input_is_explained(fake_cifar, tmp_path, capsys):
-    args = cifar_args(fake_cifar, tmp_path / "logs", "--model.net", "project.models.MLP")
-    message = fails(["fit", *args, "--model.net.init_args.input_shape", "[3, 64, 64]"], capsys)
-    assert "the network does not fit its input: mat1 and mat2 shapes cannot be multiplied" in message
-    assert "The data gives images of shape (3, 32, 32)" in message
+def test_the_data_input_shape_reaches_networks_that_take_one(image_folder, tmp_path):
+    """MLP's input layer is sized from the DataModule's input_shape (linked like num_classes), so a network
+    that takes an input shape cannot be built for another one."""
+    from project.cli import ProjectCLI
+
+    args = ["--config", CONFIGS / "folder.yaml", "--data.root", image_folder, "--data.image_size", "16"]
+    args += ["--data.cache_dir", tmp_path / "cache", "--model.net", "project.models.MLP"]
+    cli = ProjectCLI(args=[str(a) for a in args], run=False)
+    assert cli.model.net.layers[1].in_features == 3 * 16 * 16
 
 
 # -- training and logging ----------------------------------------------------------------------------------------

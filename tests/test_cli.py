@@ -10,7 +10,7 @@ import torch
 import yaml
 
 from project import TOOLS
-from project.cli import ProjectCLI, main, parse_fit_config
+from project.cli import ProjectCLI, main, parse_fit_args
 from project.data import CIFARDataModule, ImageFolderDataModule
 from project.models import CIFARResNet, SimpleCNN
 from tests.conftest import CONFIGS, ROOT, run_cli
@@ -78,7 +78,7 @@ def test_print_config_round_trips(name, tmp_path, image_folder, capsys):
         ProjectCLI(args=["fit", *config_args(name, tmp_path, image_folder), "--print_config"])
     assert exit_info.value.code in (0, None)
     printed = yaml.safe_load(capsys.readouterr().out)
-    assert printed["model"]["net"]["class_path"].startswith("project.models.")
+    assert printed["model"]["init_args"]["net"]["class_path"].startswith("project.models.")
     assert printed["seed_everything"] == 42
     # What --print_config writes is itself a valid config, and describes the same run.
     saved = tmp_path / "printed.yaml"
@@ -197,14 +197,13 @@ def test_unknown_command_names_the_commands(capsys):
 
 
 def test_tools_parse_a_config_as_fit_does(tmp_path, image_folder):
-    """cli.parse_fit_config (what the tools use) reads the shipped configs into the same model and data
+    """cli.parse_fit_args (what the tools use) reads the shipped configs into the same model and data
     settings as `fit` itself."""
     for name in ("cifar10.yaml", "cifar100.yaml", "folder.yaml"):
         overrides = ["--data.root", str(image_folder)] if name == "folder.yaml" else []
-        parsed = parse_fit_config([str(CONFIGS / name)], overrides)
+        _, parsed = parse_fit_args(["--config", str(CONFIGS / name), *overrides])
         cli = ProjectCLI(args=["--config", str(CONFIGS / name), *overrides], run=False)
-        assert parsed.model.net == cli.config.model.net and parsed.data == cli.config.data, name
-        assert parsed.model.optimizer == cli.config.model.optimizer
+        assert parsed.model == cli.config.model and parsed.data == cli.config.data, name
 
 
 def test_the_fast_exit_does_what_pythons_exit_does_but_the_teardown(tmp_path):

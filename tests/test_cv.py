@@ -14,12 +14,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from project.cli import main
+from project.cli import main, split_args
 from project.data import CIFARDataModule, ImageFolderDataModule
 from project.data.folds import fold_split, stratified_folds
 from project.data.image_cache import channel_mean_std
 from project.studies.cv import fold_numbers, parse_args, summarize
-from project.studies.runner import claim_folder, split_args
+from project.studies.runner import claim_folder
 from tests.conftest import run_cli
 from tests.study_runs import tiny_fit_args, tiny_folder
 from tests.wandb_reader import read_records, read_run

@@ -403,7 +403,10 @@ def test_slurm_script_starts_lightning_with_slurms_ranks(tmp_path, monkeypatch):
     monkeypatch.chdir(ROOT)
     for key, value in SLURM_RANK_1_OF_2.items():
         monkeypatch.setenv(key, value)
-    cli = ProjectCLI(args=[*command[4:], "--trainer.logger", "false"], run=False)
+    args = command[4:]
+    i = args.index("--ckpt_path")
+    del args[i : i + 2]  # a `fit` argument: this parse has no subcommand
+    cli = ProjectCLI(args=[*args, "--trainer.logger", "false"], run=False)
     trainer = cli.trainer
     assert isinstance(trainer.strategy.cluster_environment, SLURMEnvironment)
     assert (trainer.num_nodes, trainer.num_devices, trainer.world_size) == (2, 1, 2)

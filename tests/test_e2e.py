@@ -39,7 +39,7 @@ def test_cifar_fit_validate_test_predict_resume(fake_cifar, tmp_path):
     (wandb_run,) = (tmp_path / "logs" / "wandb").glob("offline-run-*")
     recorded = read_run(wandb_run, finished=True)
     assert any("val/acc" in row for row in recorded["history"])
-    assert recorded["config"]["model"]["net"]["class_path"] == "project.models.SimpleCNN"
+    assert recorded["config"]["model"]["init_args"]["net"]["class_path"] == "project.models.SimpleCNN"
     assert recorded["config"]["data"]["init_args"]["val_size"] == 100
 
     checkpoint = torch.load(ckpt, weights_only=True)

@@ -102,14 +102,14 @@ def test_best_validation_accuracy_survives_a_resume():
     from project.models import MLP
 
     trained = ImageClassifier(MLP(num_classes=10, hidden=8), num_classes=10)
-    trained.val_acc_best.update(torch.tensor(0.75))
-    trained.val_acc_best.update(torch.tensor(0.5))
+    trained.val_best.update(torch.tensor(0.75))
+    trained.val_best.update(torch.tensor(0.5))
     checkpoint = {}
     trained.on_save_checkpoint(checkpoint)
     resumed = ImageClassifier(MLP(num_classes=10, hidden=8), num_classes=10)
     resumed.on_load_checkpoint(checkpoint)
-    resumed.val_acc_best.update(torch.tensor(0.6))  # a worse epoch after the resume
-    assert resumed.val_acc_best.compute().item() == 0.75
+    resumed.val_best.update(torch.tensor(0.6))  # a worse epoch after the resume
+    assert resumed.val_best.compute().item() == 0.75
 
 
 def csv_rows(path: Path) -> list[dict[str, str]]:

@@ -1,5 +1,6 @@
 """Precision presets: bf16-mixed trains and resumes on the CPU; 16-mixed's GradScaler state survives a resume."""
 
+import os
 import warnings
 from pathlib import Path
 
@@ -64,9 +65,11 @@ def test_bf16_preset_trains_and_resumes_on_cpu(cifar, tmp_path):
 def test_fp16_preset_trains_in_32_bit_on_a_cpu_with_one_notice(tmp_path, capsys):
     # Lightning would fall back to bf16, which CPUs without native bf16 emulate slowly; and say so in a warning.
     args = ["--config", str(CONFIGS / "cifar10.yaml"), "--config", str(CONFIGS / "trainer" / "fp16.yaml")]
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # no Python warning about it, only the notice
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
         cli = ProjectCLI(args=[*args, "--trainer.accelerator", "cpu", "--trainer.logger", "false"], run=False)
+    # No Python warning about it (Lightning's bf16 fallback, the srun hint of a login node), only the notice.
+    assert not [w for w in caught if "precision" in str(w.message) or "srun" in str(w.message)]
     assert cli.trainer.precision == "32-true"
     assert capsys.readouterr().err.count("warning: trainer.precision 16-mixed needs a CUDA GPU") == 1
     cli = ProjectCLI(
@@ -129,3 +132,18 @@ def test_fp16_preset_scaler_round_trip_on_gpu(cifar, tmp_path):
     args = fit_args(cifar, tmp_path, *common, "--trainer.max_epochs", "2", "--ckpt_path", ckpt)
     cli = ProjectCLI(args=[*args, "--trainer.callbacks+=tests.probes.ScalerAtStart"])
     assert probe(cli, ScalerAtStart).scale == scale
+
+
+def test_no_srun_hint_outside_a_slurm_job(tmp_path, monkeypatch, capsys):
+    """A cluster's login node has `srun` on the PATH: outside a SLURM job no command hints at it."""
+    srun = tmp_path / "bin" / "srun"
+    srun.parent.mkdir()
+    srun.write_text("#!/bin/sh\n")
+    srun.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{srun.parent}:{os.environ['PATH']}")
+    for name in ("SLURM_JOB_ID", "SLURM_NTASKS", "SLURM_JOB_NAME"):
+        monkeypatch.delenv(name, raising=False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ProjectCLI(args=["--config", str(CONFIGS / "cifar10.yaml"), "--trainer.logger", "false"], run=False)
+    assert not [w for w in caught if "srun" in str(w.message)] and "srun" not in capsys.readouterr().err

@@ -186,7 +186,10 @@ def test_the_best_config_is_the_users_config_with_the_best_parameters(tmp_path, 
     parser = fit_parser()
     expected = parser.parse_args([*fit_args, *as_flags(study.best_params)])
     written = parser.parse_args(["--config", str(best)])
-    assert written.model.optimizer.init_args.lr == 0.02 and written.model.label_smoothing == 0.2
+    assert (
+        written.model.init_args.optimizer.init_args.lr == 0.02
+        and written.model.init_args.label_smoothing == 0.2
+    )
     assert yaml.safe_load(parser.dump(written)) == yaml.safe_load(parser.dump(expected))
     with pytest.raises(SystemExit) as exit_info:  # and `fit --config <it>` takes it unchanged
         ProjectCLI(args=["fit", "--config", str(best), "--print_config"])

@@ -42,7 +42,7 @@ def test_offline_run_records_metrics_config_confusion_matrix_and_worst_predictio
         k.startswith("parameters/net.") for k in keys
     )
     assert run["config"]["wandb_dashboard"]["watch"] == "all"
-    assert run["config"]["model"]["net"]["class_path"] == "project.models.SimpleCNN"
+    assert run["config"]["model"]["init_args"]["net"]["class_path"] == "project.models.SimpleCNN"
 
     # The confusion matrix: a 10 x 10 table of counts over the 100 validation images, logged every epoch.
     logged = [row for row in run["history"] if "val/confusion_matrix_table/path" in row]
@@ -90,12 +90,15 @@ def test_sweep_config_resolves_to_a_valid_fit_command(capsys, monkeypatch):
         ProjectCLI(args=args)
     assert exit_info.value.code in (0, None), capsys.readouterr().err
     config = yaml.safe_load(capsys.readouterr().out)
-    assert config["model"]["scheduler"]["init_args"]["max_lr"] == values["model.scheduler.init_args.max_lr"]
     assert (
-        config["model"]["optimizer"]["init_args"]["weight_decay"]
+        config["model"]["init_args"]["scheduler"]["init_args"]["max_lr"]
+        == values["model.scheduler.init_args.max_lr"]
+    )
+    assert (
+        config["model"]["init_args"]["optimizer"]["init_args"]["weight_decay"]
         == values["model.optimizer.init_args.weight_decay"]
     )
-    assert config["model"]["label_smoothing"] == values["model.label_smoothing"]
+    assert config["model"]["init_args"]["label_smoothing"] == values["model.label_smoothing"]
     assert config["trainer"]["max_epochs"] == 15 and config["wandb_dashboard"]["watch"] is None
 
 

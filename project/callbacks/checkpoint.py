@@ -20,6 +20,9 @@ class BestAndLastCheckpoint(ModelCheckpoint):
     loses at most that many steps), and when the run is stopped by SIGTERM (preemption: Lightning stops after
     the current batch; a first Ctrl-C is turned into one by project.run.interrupts).
 
+    A best checkpoint's file name says its epoch and monitored value (`epoch004-val_acc0.8123.ckpt`) unless
+    `filename` is given; the monitored metric itself is the task's (`ImageTask.monitor`) unless `monitor` is.
+
     Args:
         last_every_n_train_steps: Also refresh `last.ckpt` every this many optimizer steps (0: only at the
             end of each epoch/validation). The best-k checkpoints are still chosen at validation only.
@@ -27,6 +30,10 @@ class BestAndLastCheckpoint(ModelCheckpoint):
     """
 
     def __init__(self, *args: Any, last_every_n_train_steps: int = 1000, **kwargs: Any) -> None:
+        monitor = kwargs.get("monitor")
+        if monitor and kwargs.get("filename") is None:
+            kwargs["filename"] = f"epoch{{epoch:03d}}-{monitor.replace('/', '_')}{{{monitor}:.4f}}"
+            kwargs["auto_insert_metric_name"] = False
         super().__init__(*args, **kwargs)
         if last_every_n_train_steps < 0:
             raise ValueError(f"last_every_n_train_steps must be >= 0, got {last_every_n_train_steps}")

@@ -11,7 +11,8 @@ from project.io import atomic_path
 
 
 class PredictionWriter(BasePredictionWriter):
-    """Writes `input,class_index,class_name,probability` rows as batches are predicted.
+    """Writes one CSV row per input as batches are predicted: the input's name, then the task's own columns
+    (`prediction_header`, `prediction_row`: for `ImageClassifier`, class_index, class_name, probability).
 
     The input is the image's path for folders, `<dataset>/<split>/<index>` for CIFAR. Rows are written per
     batch, so memory does not grow with the dataset. With several processes each writes its own part
@@ -38,18 +39,16 @@ class PredictionWriter(BasePredictionWriter):
         self._open = contextlib.ExitStack()
         tmp = self._open.enter_context(atomic_path(path))
         self._writer = csv.writer(self._open.enter_context(open(tmp, "w", newline="")))  # noqa: SIM115 - spans hooks
-        self._writer.writerow(["input", "class_index", "class_name", "probability"])
+        self._writer.writerow(["input", *pl_module.prediction_header])
 
     def write_on_batch_end(
         self, trainer, pl_module, prediction, batch_indices, batch, batch_idx, dataloader_idx
     ) -> None:
         names = getattr(trainer.datamodule, "predict_names", None) or []
-        class_names = pl_module.class_names
-        for index, pred, prob in zip(
-            *(prediction[k].tolist() for k in ("index", "pred", "prob")), strict=True
-        ):
+        plain = {key: value.tolist() for key, value in prediction.items()}  # one device-to-host copy each
+        for i, index in enumerate(plain["index"]):
             name = names[index] if index < len(names) else str(index)
-            self._writer.writerow([name, pred, class_names[pred], f"{prob:.6f}"])
+            self._writer.writerow([name, *pl_module.prediction_row(plain, i)])
 
     def on_predict_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self._open is not None:

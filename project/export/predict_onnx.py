@@ -16,7 +16,6 @@ from project.data.tensor_dataset import TensorImageDataset, keep_as_is
 from project.errors import UserError
 from project.export.preprocessing import Preprocessing, read_metadata
 from project.export.runtimes import OnnxRuntime, softmax_top1
-from project.export.trained import parse_tool_args
 from project.io import atomic_path, check_writable
 
 CIFAR_SPLITS = ("cifar10:test", "cifar10:train", "cifar100:test", "cifar100:train")
@@ -104,7 +103,9 @@ def predict_onnx(
 
 def parse_args(args: list[str]) -> dict:
     """The keyword arguments of `predict_onnx` for a command line (checks it without running anything)."""
-    return parse_tool_args(predict_onnx, args, prog="python -m project predict_onnx", takes_config=False)
+    from project.cli.config import parse_tool_args
+
+    return parse_tool_args(predict_onnx, args, prog="python -m project predict_onnx")
 
 
 def main(args: list[str]) -> None:

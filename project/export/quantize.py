@@ -35,7 +35,7 @@ from project.export.report import (
     write_report,
 )
 from project.export.runtimes import OnnxRuntime, Runtime, TorchRuntime, find_qat_artifact, load_int8_runtime
-from project.export.trained import build_datamodule, load_trained, parse_tool_args
+from project.export.trained import load_trained
 from project.io import file_size_mb, staged_outputs
 
 DYNAMIC_FILE, STATIC_FILE = "model.int8-dynamic.onnx", "model.int8-static.onnx"
@@ -179,6 +179,8 @@ def quantize(
     if qat_file is not None and not qat_file.is_file():
         raise UserError(f"--qat_path {qat_file} does not exist")
 
+    from project.cli.config import build_datamodule
+
     datamodule = build_datamodule(trained.config)
     datamodule.setup("fit")
     torch.manual_seed(seed)
@@ -264,6 +266,8 @@ def quantize(
 
 def parse_args(args: list[str]) -> dict:
     """The keyword arguments of `quantize` for a command line (checks it without running anything)."""
+    from project.cli.config import parse_tool_args
+
     return parse_tool_args(quantize, args, prog="python -m project quantize")
 
 

@@ -1,5 +1,6 @@
-"""LightningModules: the optimisation logic around an injected network."""
+"""LightningModules, one per task: the optimisation logic around an injected network (`task.ImageTask`)."""
 
 from project.lit.image_classifier import ImageClassifier
+from project.lit.task import ImageTask
 
-__all__ = ["ImageClassifier"]
+__all__ = ["ImageClassifier", "ImageTask"]

@@ -1,229 +1,71 @@
-"""`ImageClassifier`: cross-entropy training of any image network, with per-stage torchmetrics."""
+"""`ImageClassifier`: one class per image, cross-entropy training of any image network, per-stage accuracy."""
 
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
-import lightning as L
-import torch
 import torch.nn.functional as F
-from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import Tensor, nn
-from torchmetrics import MaxMetric, MeanMetric, MetricCollection
+from torchmetrics import MetricCollection
 from torchmetrics.classification import MulticlassAccuracy
 
-from project.distributed.sharding import clip_fsdp_grad_norm, shard_for_device_mesh
-from project.lit.factories import build_optimizer, check_optimizer, leaves_unset, scaled_max_lr
-from project.lit.tta import tta_logits
+from project.lit.task import ImageTask
 
 
-class ImageClassifier(L.LightningModule):
-    """Trains `net` to classify images.
+class ImageClassifier(ImageTask):
+    """Trains `net` to give each image one of `num_classes` classes.
 
     Args:
-        net: The network (any `nn.Module` mapping images to logits), injected from the config.
+        net: The network (any `nn.Module` mapping images to one logit per class), injected from the config.
         num_classes: Number of classes; linked from the DataModule by the CLI.
-        class_names: Class names, in label order; linked from the DataModule (used in predictions).
-        input_shape: (channels, height, width) of one input; linked from the DataModule. Sets
-            `example_input_array`, so the model summary shows every layer's input and output shape.
-        optimizer: Optimizer factory, e.g. `class_path: torch.optim.SGD` with `init_args: {lr: 0.1}`.
-        scheduler: Optional LR scheduler factory. A schedule with a `total_steps` argument (OneCycleLR) gets
-            the trainer's estimated number of optimizer steps when the config leaves it unset.
-        scheduler_interval: Step the scheduler every `epoch` or every optimizer `step`; default: `step` for
-            schedules with `total_steps` (OneCycle-style), `epoch` otherwise.
         label_smoothing: Cross-entropy label smoothing (0.1 is a common choice).
-        weight_decay_norm_and_bias: Apply the optimizer's weight decay to norm layers and biases too.
-            Default off: decaying them only hurts (they set scale and offset, not capacity).
-        norm_bias_lr_scale: Learning-rate multiplier for the norm layers' biases (their weight decay is divided
-            by it, so their decay per step is unchanged). airbench trains its BatchNorm biases 64x faster,
-            with the BatchNorm scales frozen: the shifts then do the work the scales would.
-        tta_flip: Evaluate (val/test/predict) on the mean of the logits of each image and its mirror image:
-            a free ~0.3-0.5 point on CIFAR, at twice the evaluation cost.
-        tta_shift: Also average over the images shifted this many pixels up-left and down-right (airbench's
-            TTA level 2; `lit/tta.py`), at three times the evaluation cost. 0: off.
-        channels_last: Store conv weights and inputs NHWC, the layout the fastest convolutions of oneDNN
-            (CPUs) and cuDNN (tensor cores under 16-mixed/bf16-mixed) work in. On by default: a SimpleCNN
-            fit ran 1.5x faster than in NCHW on a 2-core CPU (benchmarks/README.md, section 2). Networks
-            without 4-D inputs are unaffected.
-        compile: `torch.compile` the network in place (`nn.Module.compile`, so checkpoint keys do not change).
-            Pays off on long GPU runs; the first steps are slow while it compiles (minutes on a CPU).
-        compile_mode: `torch.compile` mode: `default`, `reduce-overhead` (CUDA graphs, small batches) or
-            `max-autotune` (longest compile, fastest kernels).
-        float32_matmul_precision: `torch.set_float32_matmul_precision` for fp32 matmuls/convs: `high` lets
-            Ampere+ GPUs use TF32 (about 2x faster fp32 training at negligible accuracy cost); no effect on CPU.
+        **kwargs: The network, optimizer, schedule and speed settings every task has (`ImageTask`).
     """
 
+    monitor: ClassVar[str] = "val/acc"
+    monitor_mode: ClassVar[Literal["min", "max"]] = "max"
+    prediction_header: ClassVar[tuple[str, ...]] = ("class_index", "class_name", "probability")
+
     def __init__(
-        self,
-        net: nn.Module,
-        num_classes: int = 10,
-        class_names: list[str] | None = None,
-        input_shape: tuple[int, int, int] | None = (3, 32, 32),
-        optimizer: OptimizerCallable = torch.optim.AdamW,
-        scheduler: LRSchedulerCallable | None = None,
-        scheduler_interval: Literal["epoch", "step"] | None = None,
-        label_smoothing: float = 0.0,
-        weight_decay_norm_and_bias: bool = False,
-        norm_bias_lr_scale: float = 1.0,
-        tta_flip: bool = False,
-        tta_shift: int = 0,
-        channels_last: bool = True,
-        compile: bool = False,
-        compile_mode: Literal["default", "reduce-overhead", "max-autotune"] | None = None,
-        float32_matmul_precision: Literal["highest", "high", "medium"] | None = None,
+        self, net: nn.Module, num_classes: int = 10, label_smoothing: float = 0.0, **kwargs: Any
     ) -> None:
-        super().__init__()
         if num_classes < 2:
             raise ValueError(f"ImageClassifier: num_classes must be at least 2, got {num_classes}")
         if not 0.0 <= label_smoothing < 1.0:
             raise ValueError(f"ImageClassifier: label_smoothing must be in [0, 1), got {label_smoothing}")
-        if norm_bias_lr_scale <= 0:
-            raise ValueError(f"ImageClassifier: norm_bias_lr_scale must be > 0, got {norm_bias_lr_scale}")
-        if tta_shift < 0:
-            raise ValueError(f"ImageClassifier: tta_shift must be >= 0, got {tta_shift}")
-        check_optimizer(optimizer)  # a negative lr etc. fails now, naming model.optimizer, not inside fit
-        # The network is saved with the checkpoint's weights; its config is in the saved CLI config.
-        self.save_hyperparameters(ignore=["net", "optimizer", "scheduler"])
-        self.net = net
-        self.optimizer = optimizer
-        self.scheduler = scheduler
-        self.class_names = class_names or [str(i) for i in range(num_classes)]
-        if input_shape is not None:
-            self.example_input_array = torch.zeros(2, *input_shape)
+        super().__init__(net, **kwargs)
+        self.class_names = self.class_names or [str(i) for i in range(num_classes)]
 
-        # One metric object per stage: states must never mix between train, val and test.
+    def make_metrics(self) -> MetricCollection:
         # average="micro": accuracy is the fraction of images classified correctly (MulticlassAccuracy's own
         # default, "macro", averages per class and counts a class absent from a partial run as 0).
         # compute_groups=False: torchmetrics would merge top-1 and top-k into one state if their states happen
         # to be equal after the first update (a fresh network that never ranks the first batch's class in its
         # top k, as on a class-sorted validation split), and top-k then silently reports top-1 for the run.
+        num_classes = self.hparams.num_classes
         top5 = min(5, num_classes)
-        metrics = MetricCollection(
+        return MetricCollection(
             {
                 "acc": MulticlassAccuracy(num_classes, top_k=1, average="micro"),
                 f"acc_top{top5}": MulticlassAccuracy(num_classes, top_k=top5, average="micro"),
             },
             compute_groups=False,
         )
-        self.train_metrics = metrics.clone(prefix="train/")
-        self.val_metrics = metrics.clone(prefix="val/")
-        self.test_metrics = metrics.clone(prefix="test/")
-        self.train_loss, self.val_loss, self.test_loss = MeanMetric(), MeanMetric(), MeanMetric()
-        self.val_acc_best = MaxMetric()
 
-    def setup(self, stage: str) -> None:
-        # Speed switches are applied here, once per process, before the strategy wraps the module.
-        hp = self.hparams
-        if hp.float32_matmul_precision is not None:
-            torch.set_float32_matmul_precision(hp.float32_matmul_precision)
-        if hp.channels_last:
-            self.net.to(memory_format=torch.channels_last)
-        if hp.compile and not getattr(self, "_compiled", False):
-            self.net.compile(mode=hp.compile_mode)
-            self._compiled = True
-
-    def forward(self, x: Tensor) -> Tensor:
-        if self.hparams.channels_last and x.ndim == 4:
-            x = x.contiguous(memory_format=torch.channels_last)
-        if self.training or not (self.hparams.tta_flip or self.hparams.tta_shift):
-            return self.net(x)
-        return tta_logits(self.net, x, self.hparams.tta_flip, self.hparams.tta_shift)
-
-    def _shared_step(
-        self, batch: tuple[Tensor, Tensor], metrics: MetricCollection, loss_metric: MeanMetric
-    ) -> tuple[Tensor, Tensor]:
-        """Forward, loss and metric updates shared by train/val/test: returns (loss, logits)."""
-        x, y = batch
-        logits = self(x)
-        loss = F.cross_entropy(logits, y, label_smoothing=self.hparams.label_smoothing)
-        metrics.update(logits.detach(), y)
-        loss_metric.update(loss.detach(), weight=y.numel())
-        return loss, logits
-
-    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
-        loss, _ = self._shared_step(batch, self.train_metrics, self.train_loss)
-        self.log("loss", loss, prog_bar=True, logger=False)  # the step's loss, for the progress bar
-        return loss
-
-    def on_train_epoch_end(self) -> None:
-        # The epoch means (over all ranks) go to the loggers, logged once from the states every step updated:
-        # a log call per batch costs more than the update itself.
-        self.log("train/loss", self.train_loss)
-        self.log_dict(self.train_metrics)
-
-    def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> dict[str, Tensor]:
-        loss, logits = self._shared_step(batch, self.val_metrics, self.val_loss)
-        self.log("val/loss", self.val_loss, on_step=False, on_epoch=True, prog_bar=True)
-        self.log_dict(self.val_metrics, on_step=False, on_epoch=True, prog_bar=False)
-        # Returned for callbacks (confusion matrix, worst predictions) via on_validation_batch_end's outputs.
-        return {"loss": loss.detach(), "logits": logits.detach(), "targets": batch[1]}
-
-    def on_validation_epoch_end(self) -> None:
-        # compute() syncs across ranks, so the best accuracy is over the whole validation set.
-        if self.trainer.sanity_checking:
-            return
-        self.val_acc_best.update(self.val_metrics["acc"].compute())
-        # Already the same on every rank; sync_dist only tells Lightning so (and costs one scalar all-reduce).
-        self.log("val/acc_best", self.val_acc_best.compute(), prog_bar=True, sync_dist=True)
-
-    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        # Metric states are not in the state_dict: keep the best validation accuracy, so that a resumed run
-        # reports the best of the whole run, not the best since it was resumed.
-        checkpoint["val_acc_best"] = self.val_acc_best.compute() if self.val_acc_best.update_count else None
-
-    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        if checkpoint.get("val_acc_best") is not None:
-            self.val_acc_best.reset()
-            self.val_acc_best.update(checkpoint["val_acc_best"])
-
-    def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
-        self._shared_step(batch, self.test_metrics, self.test_loss)
-        self.log("test/loss", self.test_loss, on_step=False, on_epoch=True)
-        self.log_dict(self.test_metrics, on_step=False, on_epoch=True)
+    def loss(self, outputs: Tensor, targets: Tensor) -> Tensor:
+        return F.cross_entropy(outputs, targets, label_smoothing=self.hparams.label_smoothing)
 
     def predict_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> dict[str, Tensor]:
-        """Returns, per input, its dataset index, the predicted class index and that class's probability."""
+        """Per input: its dataset index, the predicted class index and that class's probability."""
         x, index = batch
         probs = self(x).float().softmax(dim=-1)
         prob, pred = probs.max(dim=-1)
         return {"index": index, "pred": pred, "prob": prob}
 
-    def configure_model(self) -> None:
-        # FSDP2 (configs/trainer/fsdp2*.yaml) shards the network here, before the optimizer is built; DDP and
-        # FSDPStrategy wrap the module on their own. `load_from_checkpoint` calls this with no trainer (no mesh).
-        if self.device_mesh is not None:
-            shard_for_device_mesh(self.net, self.device_mesh, self.trainer.strategy)
+    def prediction_row(self, prediction: dict[str, Any], i: int) -> list[Any]:
+        pred = prediction["pred"][i]
+        return [pred, self.class_names[pred], f"{prediction['prob'][i]:.6f}"]
 
-    def configure_gradient_clipping(
-        self,
-        optimizer: Any,
-        gradient_clip_val: float | None = None,
-        gradient_clip_algorithm: str | None = None,
-    ) -> None:
-        # Under FSDPStrategy, norm clipping needs FSDP's own (each rank holds only its shard of the gradients).
-        if not clip_fsdp_grad_norm(self.trainer.model, gradient_clip_val, gradient_clip_algorithm):
-            self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
-
-    def configure_optimizers(self) -> Any:
-        # Parameters come from trainer.model: under FSDP that is the sharded module the optimizer must see.
-        try:
-            model = self.trainer.model
-        except RuntimeError:  # not attached to a Trainer (a test building the optimizer directly)
-            model = self
-        hp = self.hparams
-        optimizer = build_optimizer(
-            self.optimizer, model, hp.weight_decay_norm_and_bias, hp.norm_bias_lr_scale
-        )
-        if self.scheduler is None:
-            return optimizer
-        kwargs, interval = {}, hp.scheduler_interval
-        if (max_lr := scaled_max_lr(self.scheduler, optimizer)) is not None:
-            kwargs["max_lr"] = max_lr
-        if leaves_unset(self.scheduler, "total_steps"):
-            # OneCycleLR divides by zero below ~1/pct_start steps; runs that short (debug runs) are padded.
-            kwargs["total_steps"] = max(int(self.trainer.estimated_stepping_batches), 100)
-            interval = interval or "step"
-        scheduler = self.scheduler(optimizer, **kwargs)
-        # "name" is what LearningRateMonitor logs the learning rate under.
-        return {
-            "optimizer": optimizer,
-            "lr_scheduler": {"scheduler": scheduler, "interval": interval or "epoch", "name": "train/lr"},
+    def output_spec(self) -> dict[str, Any]:
+        return super().output_spec() | {
+            "outputs": "logits",
+            "decode": "softmax, then the most probable class",
         }

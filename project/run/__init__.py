@@ -1,6 +1,6 @@
 """Run reliability: what lets a run survive kills, resume in place, load checkpoints safely and log offline.
 
-Nothing here is needed to understand a `fit`: it is the layer under the CLI that keeps a run's folder whole.
-`reliable_run.ReliableRunMixin` plugs it into the CLI; `lightning_private` is the one place that touches
-Lightning's private API.
+`plan.plan_run` decides, before anything is built, what a command does (its folder, the checkpoint it continues,
+its loggers' folders and W&B run); the rest are the pieces it and the CLI use. `lightning_private` is the one
+place that touches Lightning's private API.
 """

@@ -113,22 +113,27 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
     return checkpoint
 
 
-def load_weights(
-    module: nn.Module, state_dict: Mapping[str, torch.Tensor], source: str = "checkpoint"
+def weight_shapes(state_dict: Mapping[str, Any]) -> dict[str, tuple[int, ...] | None]:
+    """Each key's tensor shape (None for a value without one): what `check_fits` compares."""
+    return {k: tuple(v.shape) if hasattr(v, "shape") else None for k, v in state_dict.items()}
+
+
+def check_fits(
+    module: nn.Module, shapes: Mapping[str, tuple[int, ...] | None], source: str = "checkpoint"
 ) -> None:
-    """`module.load_state_dict(state_dict)`, with one message listing every mismatched key and shape."""
-    own = module.state_dict()
-    missing = [k for k in own if k not in state_dict]
-    unexpected = [k for k in state_dict if k not in own]
-    shapes = [
-        f"{k}: {tuple(state_dict[k].shape)} in the checkpoint, {tuple(own[k].shape)} in the network"
+    """A UserError listing every key and shape by which `shapes` (a state_dict's) does not fit `module`."""
+    own = weight_shapes(module.state_dict())
+    missing = [k for k in own if k not in shapes]
+    unexpected = [k for k in shapes if k not in own]
+    mismatched = [
+        f"{k}: {shapes[k]} in the checkpoint, {own[k]} in the network"
         for k in own
-        if k in state_dict and hasattr(state_dict[k], "shape") and state_dict[k].shape != own[k].shape
+        if k in shapes and shapes[k] is not None and shapes[k] != own[k]
     ]
-    if missing or unexpected or shapes:
+    if missing or unexpected or mismatched:
         parts = []
-        if shapes:
-            parts.append(f"{len(shapes)} shape mismatch(es): " + "; ".join(shapes[:10]))
+        if mismatched:
+            parts.append(f"{len(mismatched)} shape mismatch(es): " + "; ".join(mismatched[:10]))
         if missing:
             parts.append(f"{len(missing)} key(s) missing from the checkpoint: " + ", ".join(missing[:10]))
         if unexpected:
@@ -139,4 +144,11 @@ def load_weights(
             f"{source} does not fit the network ({type(module).__name__}): {' | '.join(parts)}. "
             "Was it trained with another --model.net, or data with another number of classes?"
         )
+
+
+def load_weights(
+    module: nn.Module, state_dict: Mapping[str, torch.Tensor], source: str = "checkpoint"
+) -> None:
+    """`module.load_state_dict(state_dict)`, with one message listing every mismatched key and shape."""
+    check_fits(module, weight_shapes(state_dict), source)
     module.load_state_dict(state_dict)

@@ -6,12 +6,12 @@ behaviour each one is relied on for: a Lightning upgrade that changes one fails 
 instead of somewhere deep inside a run.
 """
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, NoReturn
 
 import lightning as L
 from lightning.pytorch.callbacks import ModelCheckpoint
-from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.loggers import CSVLogger, WandbLogger
 from lightning.pytorch.strategies import ModelParallelStrategy
 from lightning.pytorch.tuner.batch_size_scaling import _reset_dataloaders
@@ -94,36 +94,16 @@ def set_data_parallel_size(strategy: ModelParallelStrategy, size: int) -> None:
 # -- LightningCLI ----------------------------------------------------------------------------------------------
 
 
-class LightningCLIWithHooks(LightningCLI):
-    """LightningCLI with three more extension points, under public names; override those, not the private
-    methods behind them."""
-
-    def subcommand_defaults(self, subcommand: str, method_arguments: list[str]) -> dict[str, Any]:
-        """Defaults for a subcommand's own arguments (those of `Trainer.<subcommand>`, e.g. `weights_only`)."""
-        return {}
+class LightningCLIWithTrainerHook(LightningCLI):
+    """LightningCLI with one more extension point, under a public name: override `configure_trainer`, not the
+    private method behind it. The public `instantiate_trainer(**kwargs)` can change the Trainer's arguments but
+    not the callbacks of the configured callback keys (`checkpoint`, `progress_bar`, ...), which a run without
+    checkpoints or a progress bar must leave out (Lightning refuses them then)."""
 
     def configure_trainer(self, trainer_config: dict[str, Any], callbacks: list[Any]) -> list[Any]:
         """Adjust the Trainer's arguments (in place) and return the callbacks of the configured callback keys,
         just before the Trainer is built from both."""
         return callbacks
 
-    def run_subcommand(self, subcommand: str, run: Callable[[], None]) -> None:
-        """Wraps running the subcommand (`before_<subcommand>`, `trainer.<subcommand>`, `after_<subcommand>`)."""
-        run()
-
-    def _prepare_subcommand_parser(
-        self, klass: type, subcommand: str, **kwargs: Any
-    ) -> LightningArgumentParser:
-        parser = super()._prepare_subcommand_parser(klass, subcommand, **kwargs)
-        defaults = self.subcommand_defaults(subcommand, list(self._subcommand_method_arguments[subcommand]))
-        if defaults:
-            parser.set_defaults(defaults)
-        return parser
-
     def _instantiate_trainer(self, config: dict[str, Any], callbacks: list[Any]) -> L.Trainer:
         return super()._instantiate_trainer(config, self.configure_trainer(config, callbacks))
-
-    def _run_subcommand(self, subcommand: str) -> None:
-        self.run_subcommand(
-            subcommand, lambda: super(LightningCLIWithHooks, self)._run_subcommand(subcommand)
-        )

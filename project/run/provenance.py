@@ -55,7 +55,7 @@ class LoggerSaveConfigCallback(SaveConfigCallback):
         if not self.already_saved:
             log_dir = trainer.log_dir  # a collective (broadcast from rank 0): every rank asks
             if trainer.is_global_zero:
-                text = self.parser.dump(self.config, skip_none=False)
+                text = self.parser.dump(self.config, skip_unset=False)
                 atomic_write_text(Path(log_dir) / self.config_filename, text)
         super().setup(trainer, pl_module, stage)  # save_to_log_dir=False: the loggers' copy only
 

@@ -25,7 +25,7 @@ from lightning.pytorch.loggers import CSVLogger
 from project.errors import UserError, warn
 from project.run.checkpoints import load_checkpoint
 from project.run.lightning_private import restore_csv_rows
-from project.run.run_folder import RUNS, run_folder_of
+from project.run.run_folder import RUNS
 
 LAST_NAME = re.compile(r"^last(-v\d+)?\.ckpt$")  # Lightning versions clashing names as last-v1.ckpt, ...
 #: Settings that may differ between a run and the command that continues it: how long to train.
@@ -127,21 +127,6 @@ def best_checkpoint(last: Path, checkpoint: dict[str, Any]) -> Path:
                 )
             return Path(best)
     raise UserError(f"--ckpt_path best: {last} records no best checkpoint (was a metric monitored?)")
-
-
-def continue_run(loggers: list[Any], ckpt: Path, checkpoint: dict[str, Any]) -> Path | None:
-    """Point the W&B loggers at the run id recorded in the checkpoint (`run_info.wandb_run_id`) and return the
-    folder of the run that wrote `ckpt` (recorded too, for checkpoints kept elsewhere with checkpoint.dirpath),
-    which the versioned loggers then continue."""
-    info = checkpoint.get("run_info") or {}
-    wandb_id = info.get("wandb_run_id")
-    for logger in loggers:
-        init_args = getattr(logger, "init_args", None)
-        is_wandb = init_args is not None and logger.class_path.endswith("WandbLogger")
-        if is_wandb and wandb_id and not init_args.get("id") and not init_args.get("version"):
-            init_args["id"] = wandb_id  # WandbLogger always passes resume="allow": the run continues
-    recorded = Path(info["run_dir"]) if info.get("run_dir") else None
-    return run_folder_of(ckpt) or (recorded if recorded is not None and recorded.is_dir() else None)
 
 
 class LogsBeforeCheckpoints(Callback):

@@ -21,22 +21,6 @@ _held: list[Any] = []  # open lock files: closing one releases its lock
 _claimed: list[Path] = []  # folders this process created: removed again if the run wrote nothing into them
 
 
-def logger_configs(trainer_config: Any) -> list[Any]:
-    """The logger entries of a trainer config as a list (the config allows one, a list, or a bool)."""
-    loggers = trainer_config.logger
-    if isinstance(loggers, list):
-        return loggers
-    return [] if loggers in (None, True, False) else [loggers]
-
-
-def follow_root_dir(loggers: list[Any], root: str) -> None:
-    """Point loggers left at the default folder (`logs`) to `root`, the run's trainer.default_root_dir."""
-    for logger in loggers:
-        init_args = getattr(logger, "init_args", None)
-        if init_args is not None and str(init_args.get("save_dir")) == DEFAULT_ROOT_DIR:
-            init_args["save_dir"] = root
-
-
 def run_folder_of(checkpoint: Path) -> Path | None:
     """The run folder a checkpoint was written in (`<run>/checkpoints/x.ckpt`), or None for a loose file."""
     return checkpoint.resolve().parent.parent if checkpoint.parent.name == "checkpoints" else None
@@ -95,14 +79,3 @@ def release_run_folders() -> None:
             folder.rmdir()  # only if empty: a folder the run wrote into stays
             lock_path(folder).unlink(missing_ok=True)
     _claimed.clear()
-
-
-def point_loggers_at(loggers: list[Any], run_dir: Path) -> None:
-    """Give the versioned loggers (CSV, TensorBoard) that write into `run_dir`'s parent the version `run_dir`."""
-    for logger in loggers:
-        init_args = getattr(logger, "init_args", None)
-        if init_args is None or "version" not in init_args or init_args.get("version") is not None:
-            continue
-        parent = Path(str(init_args.get("save_dir") or ".")) / str(init_args.get("name") or "")
-        if parent.resolve() == run_dir.resolve().parent:
-            init_args["version"] = run_dir.name

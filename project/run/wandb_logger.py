@@ -205,43 +205,27 @@ def unreachable_reason(url: str, timeout: float = 5.0) -> str | None:
         return f"cannot reach {url} ({e.strerror or type(e).__name__})"
 
 
-def apply_wandb_mode(loggers: list[Any]) -> None:
-    """WANDB_MODE=online switches the configured W&B loggers online; offline, checkpoints stay on disk."""
-    for logger in loggers:
-        init_args = getattr(logger, "init_args", None)
-        if init_args is None or not logger.class_path.endswith("WandbLogger"):
-            continue
-        if os.environ.get("WANDB_MODE", "").lower() in ("online", "run"):
-            init_args["offline"] = False
-        if init_args.get("offline") and init_args.get("log_model"):
-            # Lightning refuses log_model offline (checkpoints cannot be uploaded): keep them on disk instead.
-            warn("W&B is offline: checkpoints are not logged as artifacts (log_model needs online)")
-            init_args["log_model"] = False
+def wandb_mode(init_args: dict[str, Any]) -> dict[str, Any]:
+    """The `offline` and `log_model` a configured WandbLogger is built with.
 
-
-def fall_back_to_offline(loggers: list[Any]) -> None:
-    """Switch online WandbLoggers in the (not yet instantiated) logger config to offline when they cannot work."""
-    if os.environ.get("WANDB_MODE", "").lower() in OFFLINE_MODES:
-        return  # wandb itself runs offline whatever the config says
-    online = [
-        lg
-        for lg in loggers
-        if getattr(lg, "init_args", None) is not None
-        and str(lg.class_path).endswith("WandbLogger")
-        and not lg.init_args.get("offline")
-    ]
-    if not online:
-        return
-    url = server_url()
-    reason = None if has_credentials(url) else f"no W&B API key for {url} (run `wandb login`)"
-    reason = reason or unreachable_reason(url)
-    if reason is None:
-        return
-    save_dir = online[0].init_args.get("save_dir") or "."
-    for logger in online:
-        logger.init_args["offline"] = True
-        logger.init_args["log_model"] = False  # uploads need the server; the checkpoints stay on disk
-    warn(
-        f"W&B online logging is not possible: {reason}. Logging offline instead; upload the run later "
-        f"with `wandb sync {save_dir}/wandb/offline-run-*`."
-    )
+    WANDB_MODE=online switches it online. Online needs the server and a login: without either it logs offline
+    instead, with a notice naming the reason and the `wandb sync` command that uploads the run later. Offline,
+    checkpoints stay on disk (Lightning refuses `log_model` offline: they cannot be uploaded).
+    """
+    mode = os.environ.get("WANDB_MODE", "").lower()
+    offline = bool(init_args.get("offline")) and mode not in ("online", "run")
+    log_model = init_args.get("log_model", False)
+    if not offline and mode not in OFFLINE_MODES:  # wandb itself runs offline in those, whatever the config
+        url = server_url()
+        reason = None if has_credentials(url) else f"no W&B API key for {url} (run `wandb login`)"
+        reason = reason or unreachable_reason(url)
+        if reason is not None:
+            warn(
+                f"W&B online logging is not possible: {reason}. Logging offline instead; upload the run later "
+                f"with `wandb sync {init_args.get('save_dir') or '.'}/wandb/offline-run-*`."
+            )
+            return {"offline": True, "log_model": False}
+    if offline and log_model:
+        warn("W&B is offline: checkpoints are not logged as artifacts (log_model needs online)")
+        log_model = False
+    return {"offline": offline, "log_model": log_model}

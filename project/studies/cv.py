@@ -22,14 +22,12 @@ from project.io import atomic_write_text
 from project.run.run_folder import DEFAULT_ROOT_DIR
 from project.studies.evaluate import evaluate, load_best
 from project.studies.runner import (
-    build_datamodule,
     claim_folder,
     config_stem,
     folder_lock,
     log_table,
     markdown_table,
     parse_fit_args,
-    parse_study_args,
     read_json,
     run_fit,
     wandb_env,
@@ -154,6 +152,8 @@ def cv(
             f"{config.data.class_path} has no num_folds/fold arguments: it cannot be cross-validated"
         )
     _, config = parse_fit_args([*fit_args, *fold_flags, "0"])
+    from project.cli.config import build_datamodule
+
     datamodule = build_datamodule(config)  # the data's checks (class counts, a val folder) before any fold
     # Class folders may lack `root/test` (testing then falls back to validation); CIFAR's is the official one.
     if test_ensemble and getattr(datamodule, "test_dir", True) is None:
@@ -209,7 +209,9 @@ def cv(
 
 def parse_args(args: list[str]) -> dict:
     """The keyword arguments of `cv` for a command line (checks it without running anything)."""
-    return parse_study_args(cv, args, prog="python -m project cv")
+    from project.cli.config import parse_tool_args
+
+    return parse_tool_args(cv, args, prog="python -m project cv")
 
 
 def main(args: list[str]) -> None:

@@ -66,7 +66,7 @@ def best_of_run(root_dir: Path) -> tuple[Path, dict[str, Any]]:
 
 def load_best(root_dir: Path) -> BestModel:
     """The best checkpoint (by the run's `checkpoint.monitor`) of the fit run under `root_dir`, rebuilt."""
-    from project.cli import fit_parser
+    from project.cli.config import fit_parser
 
     ckpt_path, last = best_of_run(root_dir)
     config_file = ckpt_path.parent.parent / "config.yaml"
@@ -77,7 +77,7 @@ def load_best(root_dir: Path) -> BestModel:
         config = parser.parse_args(["--config", str(config_file), "--trainer.logger", "false"])
     except Exception as e:  # jsonargparse's ArgumentError: its first line names the key and value
         raise UserError(f"{config_file}: {str(e).strip().splitlines()[0]}") from None
-    init = parser.instantiate_classes(config)
+    init = parser.instantiate(config)
     checkpoint = load_checkpoint(ckpt_path)
     load_weights(init.model, checkpoint["state_dict"], source=f"checkpoint {ckpt_path}")
     score = next(

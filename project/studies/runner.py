@@ -10,7 +10,6 @@ started with, so a rerun with other settings cannot mix its runs into it.
 import contextlib
 import ctypes
 import fcntl
-import inspect
 import json
 import os
 import shlex
@@ -21,10 +20,9 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from jsonargparse import ArgumentParser, Namespace
+from jsonargparse import Namespace
 
-from project.data import ImageDataModule
-from project.errors import UserError, find_user_error
+from project.errors import UserError
 from project.io import atomic_write_text, staged_outputs
 
 SETTINGS_FILE = "settings.json"
@@ -37,54 +35,15 @@ class FitFailed(UserError):
 
 
 # -- command lines -----------------------------------------------------------------------------------------
-def split_args(args: Sequence[str], own: set[str]) -> tuple[list[str], list[str]]:
-    """(the tool's own flags with their values, every other argument in its order) of a command line."""
-    mine, forwarded, i = [], [], 0
-    while i < len(args):
-        arg = str(args[i])
-        name = arg[2:].split("=", 1)[0] if arg.startswith("--") else None
-        target = mine if name in own else forwarded
-        target.append(arg)
-        if (
-            name is not None
-            and "=" not in arg
-            and i + 1 < len(args)
-            and not str(args[i + 1]).startswith("--")
-        ):
-            target.append(str(args[i + 1]))
-            i += 1
-        i += 1
-    return mine, forwarded
-
-
-def parse_study_args(function: Callable[..., Any], args: Sequence[str], prog: str) -> dict[str, Any]:
-    """Keyword arguments of `function` (typed, documented parameters) for a command line; every argument that
-    is not one of them goes, in order, into `fit_args`. A bad flag prints the usage and exits with status 2."""
-    own = {name for name in inspect.signature(function).parameters if name != "fit_args"} | {"help"}
-    mine, fit_args = split_args([a if a != "-h" else "--help" for a in map(str, args)], own)
-    doc = inspect.getdoc(function) or ""
-    parser = ArgumentParser(
-        prog=prog,
-        description=doc.split("\n\nArgs:")[0],
-        epilog="Every other flag (--config, --model.*, --data.*, --trainer.*, ...) is passed to each `fit` unchanged.",
-    )
-    parser.add_function_arguments(function, as_group=False, skip={"fit_args"})
-    return parser.parse_args(mine).as_dict() | {"fit_args": fit_args}
-
-
 def parse_fit_args(fit_args: Sequence[str]) -> tuple[Any, Namespace]:
-    """(the `fit` parser, the parsed config) of the forwarded arguments: a bad file, key or value is a
-    UserError naming it, before any fit starts."""
-    from project.cli import fit_parser  # the whole LightningCLI stack: only for the commands that need it
+    """(the `fit` parser, the parsed config) of the arguments a study passes to every fit: a bad file, key or
+    value is a UserError naming it, before any fit starts."""
+    from project.cli.config import parse_fit_args as parse  # LightningCLI's stack: only for the studies
 
     for flag in RESERVED:
         if any(str(a).split("=", 1)[0] == flag for a in fit_args):
             raise UserError(f"{flag} is set by the study for every run it starts; leave it out")
-    parser = fit_parser()
-    try:
-        return parser, parser.parse_args([str(a) for a in fit_args])
-    except Exception as e:  # jsonargparse's ArgumentError: its first line names the key and value
-        raise UserError(str(e).strip().splitlines()[0]) from None
+    return parse(fit_args)
 
 
 def config_stem(fit_args: Sequence[str], default: str) -> str:
@@ -92,16 +51,6 @@ def config_stem(fit_args: Sequence[str], default: str) -> str:
     configs = [fit_args[i + 1] for i, a in enumerate(fit_args[:-1]) if a in ("--config", "-c")]
     configs += [a.split("=", 1)[1] for a in fit_args if a.startswith("--config=")]
     return Path(configs[-1]).stem if configs else default
-
-
-def build_datamodule(config: Namespace) -> Any:
-    """Instantiate only the `data` section of a parsed config: the DataModule's own checks run now."""
-    parser = ArgumentParser(exit_on_error=False)
-    parser.add_subclass_arguments(ImageDataModule, "data", required=True)
-    try:
-        return parser.instantiate_classes(parser.parse_object({"data": config.data.clone()})).data
-    except Exception as e:  # jsonargparse wraps what a class's __init__ raises
-        raise (find_user_error(e) or e) from None
 
 
 # -- folders -------------------------------------------------------------------------------------------------

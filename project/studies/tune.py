@@ -24,12 +24,10 @@ from project.run.run_folder import DEFAULT_ROOT_DIR
 from project.studies.pruning import PRUNED_ATTR, STORAGE_ENV, Pruner, make_pruner
 from project.studies.runner import (
     FitFailed,
-    build_datamodule,
     claim_folder,
     log_table,
     markdown_table,
     parse_fit_args,
-    parse_study_args,
     run_fit,
     wandb_env,
     write_results,
@@ -189,6 +187,8 @@ def tune(
     space = load_search(search)
     parser, config = parse_fit_args(fit_args)
     check_search(fit_args, space)
+    from project.cli.config import build_datamodule
+
     build_datamodule(config)  # the data's own checks, before any trial
     study_name = study_name or Path(search).stem
     study_dir = Path(config.trainer.default_root_dir or DEFAULT_ROOT_DIR).absolute() / "tune" / study_name
@@ -272,7 +272,9 @@ def write_study(
 
 def parse_args(args: list[str]) -> dict:
     """The keyword arguments of `tune` for a command line (checks it without running anything)."""
-    return parse_study_args(tune, args, prog="python -m project tune")
+    from project.cli.config import parse_tool_args
+
+    return parse_tool_args(tune, args, prog="python -m project tune")
 
 
 def main(args: list[str]) -> None:

@@ -1,0 +1,247 @@
+"""`python -m project`: LightningCLI for fit/validate/test/predict, plus the project's tool commands.
+
+A `fit` reads top to bottom in `ProjectCLI`: 1. the config is parsed with `fit`'s parser (project.cli.config:
+defaults, callbacks, the links data -> model) and 2. the run is planned (`parse_arguments`: run folder, checkpoint
+to continue, what to monitor, the loggers' folders and W&B run; project.run.plan); 3. the data, task, trainer and
+callbacks are built from the config with the plan applied (`instantiate_classes`, `configure_trainer`); 4. the
+Trainer runs, between `before_<command>` and `after_<command>`. The task is chosen like the data, by class
+(`model: {class_path: ImageClassifier, ...}`, the default), and decides what is monitored.
+"""
+
+import importlib
+import logging
+import os
+import signal
+import sys
+import types
+import warnings
+from pathlib import Path
+from typing import Any
+
+import yaml
+from lightning.pytorch import Trainer
+from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint, ModelSummary, ProgressBar
+from lightning.pytorch.cli import LightningArgumentParser
+from lightning.pytorch.loggers import CSVLogger
+from lightning.pytorch.utilities.exceptions import MisconfigurationException, SIGTERMException
+
+# Importing these makes their short class names (`class_path: SimpleCNN`) resolvable in configs.
+import project.callbacks  # noqa: F401
+import project.models  # noqa: F401
+from project import SUBCOMMANDS, TOOLS, USAGE, print_commands
+from project.callbacks import EffectiveBatchSize
+from project.cli.config import (
+    SEED,
+    TRAINER_DEFAULTS,
+    add_project_arguments,
+    check_config_file,
+    config_files,
+    fit_parser,
+    parse_error_line,
+    parse_fit_args,
+    split_args,
+    task_class,
+)
+from project.data import ImageDataModule
+from project.errors import find_user_error, warn
+from project.lit import ImageTask
+from project.run import interrupts
+from project.run.checkpoints import check_fits, with_atomic_checkpoint_io
+from project.run.interrupts import CtrlCStopsAfterTheBatch
+from project.run.lightning_private import LightningCLIWithTrainerHook
+from project.run.plan import RunPlan, check_accelerator, plan_run, precision_for_this_machine
+from project.run.provenance import LoggerSaveConfigCallback, RNGState, RunInfo
+from project.run.resume import LogsBeforeCheckpoints, keep_csv_metrics
+from project.run.run_folder import release_run_folders
+from project.run.wandb_logger import finish_runs
+
+__all__ = ["ProjectCLI", "fit_parser", "main", "parse_fit_args", "split_args", "SEED"]
+
+# Noise a user cannot act on: an advert printed on every run, and a deprecation inside Lightning itself.
+NOISE = ("💡 Tip", "Loading `train_dataloader` to estimate number of stepping batches")
+for _handler in logging.getLogger("lightning.pytorch").handlers:
+    _handler.addFilter(lambda record: not record.getMessage().startswith(NOISE))
+warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)")
+warnings.filterwarnings("ignore", message=r"(?s).*was deprecated in v4\.49\.0")  # jsonargparse, by Lightning
+#: Lightning's hint, on every command on a machine with SLURM's tools, that `srun` exists but is not used.
+SRUN_HINT = r"The `srun` command is available on your system but is not used"
+
+
+def _short_usage(parser: Any, file: Any = None) -> None:
+    (file or sys.stderr).write(f"usage: {parser.prog} [--config CONFIG] [--KEY VALUE ...]\n")
+
+
+def _one_line_error(parser: Any, message: str, ex: Exception | None = None) -> Any:
+    return type(parser).error(parser, parse_error_line(message), ex)
+
+
+class ProjectCLI(LightningCLIWithTrainerHook):
+    """LightningCLI with the template's defaults: links data -> model, default callbacks and loggers, and the
+    run plan (project.run.plan) that makes every run resumable in place and safe to kill."""
+
+    plan: RunPlan
+
+    def __init__(self, args: list[str] | None = None, run: bool = True, **kwargs: Any) -> None:
+        argv = sys.argv[1:] if args is None else list(args)
+        # Only the requested subcommand's parser is built (each one introspects every class anew).
+        self._requested = str(argv[0]) if run and argv and str(argv[0]) in super().subcommands() else None
+        super().__init__(
+            model_class=ImageTask,
+            subclass_mode_model=True,
+            datamodule_class=ImageDataModule,
+            subclass_mode_data=True,
+            seed_everything_default=SEED,
+            trainer_defaults=TRAINER_DEFAULTS,
+            save_config_callback=LoggerSaveConfigCallback,
+            save_config_kwargs={"overwrite": True, "save_to_log_dir": False},
+            auto_configure_optimizers=False,
+            parser_kwargs={"prog": USAGE, "description": "Training and evaluation of an image model."},
+            args=args,
+            run=run,
+            **kwargs,
+        )
+
+    def subcommands(self) -> dict[str, set[str]]:
+        subcommands = super().subcommands()
+        return {self._requested: subcommands[self._requested]} if self._requested else subcommands
+
+    def init_parser(self, **kwargs: Any) -> LightningArgumentParser:
+        parser = super().init_parser(**kwargs)
+        # jsonargparse prints the full usage (hundreds of options) above a parse error; one line is enough,
+        # with its tip to run --help and the error itself.
+        parser.print_usage = types.MethodType(_short_usage, parser)
+        parser.error = types.MethodType(_one_line_error, parser)
+        return parser
+
+    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        add_project_arguments(parser)
+
+    # -- 1. parse, 2. plan -----------------------------------------------------------------------------------
+    def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
+        for path in config_files([str(a) for a in (sys.argv[1:] if args is None else args)]):
+            check_config_file(path)
+        super().parse_arguments(parser, args)
+        # Planned right away: before LightningCLI reads hyperparameters from `--ckpt_path`, which the plan checks.
+        subcommand = self.config.get("subcommand")
+        config = self.config[subcommand] if subcommand else self.config
+        dumped = yaml.safe_load(self.parser.dump(self.config, skip_unset=False, skip_link_targets=False))
+        task = task_class(config.model.class_path)
+        self.plan = plan_run(subcommand, config, dumped.get(subcommand, dumped), task)
+
+    # -- 3. build ---------------------------------------------------------------------------------------------
+    def instantiate_classes(self) -> None:
+        # From a copy with the plan applied: self.config stays as given, and is what the run saves.
+        self.config_init = self.parser.instantiate(self.plan.apply(self.config))
+        built = self.config_init[self.subcommand] if self.subcommand else self.config_init
+        self.datamodule, self.model = built["data"], built["model"]
+        self.trainer = self.instantiate_trainer()
+
+    def configure_trainer(self, trainer_config: dict[str, Any], callbacks: list[Any]) -> list[Any]:
+        check_accelerator(trainer_config.get("accelerator"))
+        trainer_config["precision"] = precision_for_this_machine(trainer_config.get("precision"))
+        trainer_config["plugins"] = with_atomic_checkpoint_io(trainer_config.get("plugins"))
+        # Default callbacks step aside when the trainer flag they depend on is off, instead of raising.
+        drop: tuple[type, ...] = ()
+        if self.subcommand != "fit":  # nothing to checkpoint or schedule outside training
+            drop += (ModelCheckpoint, LearningRateMonitor)
+        if trainer_config.get("logger") in (False, None, []):
+            drop += (LearningRateMonitor,)
+        if trainer_config.get("enable_checkpointing") is False:
+            drop += (ModelCheckpoint,)
+        if trainer_config.get("enable_progress_bar") is False:
+            drop += (ProgressBar,)
+        if trainer_config.get("enable_model_summary") is False:
+            drop += (ModelSummary,)
+        callbacks = [c for c in callbacks if not isinstance(c, drop)]
+        if any(isinstance(c, ModelSummary) for c in callbacks):
+            trainer_config["enable_model_summary"] = False  # ours is there: Lightning need not add its own
+        callbacks.append(EffectiveBatchSize())
+        if self.subcommand == "fit":  # (with a subcommand, there is a plan)
+            # Every checkpoint carries the RNG states and the run's identity; logs are on disk before it is.
+            callbacks += [
+                RNGState(),
+                RunInfo(self.plan.settings),
+                LogsBeforeCheckpoints(),
+                CtrlCStopsAfterTheBatch(),
+            ]
+        return callbacks
+
+    def instantiate_trainer(self, **kwargs: Any) -> Trainer:
+        with warnings.catch_warnings():
+            if not os.environ.get("SLURM_JOB_ID"):
+                # Outside a SLURM job (a cluster's login node, a laptop with SLURM installed) the run is not meant
+                # for SLURM; inside one, a command without srun would hang its other processes: the hint stays.
+                warnings.filterwarnings("ignore", message=SRUN_HINT)
+            return super().instantiate_trainer(**kwargs)
+
+    # -- 4. run -------------------------------------------------------------------------------------------------
+    def _check_checkpoint_fits(self) -> None:
+        """A checkpoint that does not fit the network: one line with the mismatched keys and shapes, before
+        anything runs (Lightning's own message is a wall of keys, after the data is loaded)."""
+        if self.plan.ckpt_shapes is not None:
+            check_fits(self.model, self.plan.ckpt_shapes, source=f"checkpoint {self.plan.ckpt_path}")
+
+    def before_fit(self) -> None:
+        self._check_checkpoint_fits()
+        resume = self.plan.resume
+        if resume is None or not self.trainer.is_global_zero:
+            return
+        # Lightning warns about the run's own checkpoint folder being non-empty: expected when continuing it.
+        warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
+        for logger in self.trainer.loggers:
+            if isinstance(logger, CSVLogger) and Path(logger.log_dir).resolve() == resume.run_dir:
+                keep_csv_metrics(logger, before_step=resume.step)
+
+    def after_fit(self) -> None:
+        resume = self.plan.resume
+        if resume is not None and self.trainer.is_global_zero and self.trainer.global_step == resume.step:
+            warn(
+                f"--ckpt_path last: the run in {resume.run_dir} had already reached the end of its training "
+                f"(step {resume.step}); nothing was trained. To train longer, raise --trainer.max_epochs "
+                "(or --trainer.max_steps, whichever ended it)"
+            )
+
+    before_validate = before_test = before_predict = _check_checkpoint_fits
+
+
+def main(args: list[str] | None = None) -> None:
+    """Entry point of `python -m project`."""
+    argv = sys.argv[1:] if args is None else list(args)
+    try:
+        if argv and argv[0] in TOOLS:
+            module, function = TOOLS[argv[0]][0].split(":")
+            getattr(importlib.import_module(module), function)(argv[1:])
+            return
+        if not argv or argv[0] in ("-h", "--help"):
+            print_commands()
+            return
+        if not argv[0].startswith("-") and argv[0] not in SUBCOMMANDS:
+            print(
+                f"error: unknown command {argv[0]!r}; the commands are {', '.join([*SUBCOMMANDS, *TOOLS])}",
+                file=sys.stderr,
+            )
+            sys.exit(2)
+        # args=None lets LightningCLI read sys.argv itself (passing both makes it warn).
+        ProjectCLI(args=args)
+        finish_runs(0)
+    except SIGTERMException:  # preemption or Ctrl-C: stopped after a batch; BestAndLastCheckpoint saved it
+        code = 128 + (signal.SIGINT if interrupts.stopped_by.startswith("Ctrl-C") else signal.SIGTERM)
+        finish_runs(code)
+        print(
+            f"error: stopped by {interrupts.stopped_by}; resume with the same command plus --ckpt_path last",
+            file=sys.stderr,
+        )
+        sys.exit(code)
+    except MisconfigurationException as exc:  # Lightning's word for settings it refuses: each names its key
+        finish_runs(1)
+        print(f"error: trainer: {str(exc).strip().splitlines()[0]}", file=sys.stderr)
+        sys.exit(1)
+    except Exception as exc:
+        user_error = find_user_error(exc)
+        if user_error is None:
+            raise
+        finish_runs(1)
+        print(f"error: {user_error}", file=sys.stderr)
+        sys.exit(1)
+    finally:
+        release_run_folders()

@@ -1,0 +1,246 @@
+"""`ImageTask`: what every image task shares; a task (`ImageClassifier`, ...) says what its targets mean.
+
+A task is one LightningModule: the network is injected (a plain `nn.Module`), and the task owns the loss, the
+metrics of each stage, the validation metric that picks the best checkpoint (`monitor`, `monitor_mode`), what a
+prediction is (`predict_step`, `prediction_header`, `prediction_row`), and what an exported network's outputs
+mean (`output_spec`, stored in every checkpoint for export and serving). This base holds the rest: the
+optimizer and schedule, the speed switches, test-time augmentation, sharding and clipping, the stage loop.
+
+A new kind of target (tags, a regression value, a mask) is one subclass in `project/lit/` plus a config that
+names it (`model: {class_path: ...}`): see README "Add a task".
+"""
+
+from typing import Any, ClassVar, Literal
+
+import lightning as L
+import torch
+from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
+from torch import Tensor, nn
+from torchmetrics import MaxMetric, MeanMetric, MetricCollection, MinMetric
+
+from project.distributed.sharding import clip_fsdp_grad_norm, shard_for_device_mesh
+from project.lit.factories import build_optimizer, check_optimizer, leaves_unset, scaled_max_lr
+from project.lit.tta import tta_logits
+
+
+class ImageTask(L.LightningModule):
+    """Trains the injected `net` on image batches `(images, targets)`; subclasses define the targets' meaning.
+
+    Args:
+        net: The network (any `nn.Module` mapping images to outputs), injected from the config.
+        class_names: The name of each output (classes, tags), in order; linked from the DataModule.
+        input_shape: (channels, height, width) of one input; linked from the DataModule. Sets
+            `example_input_array`, so the model summary shows every layer's input and output shape.
+        optimizer: Optimizer factory, e.g. `class_path: torch.optim.SGD` with `init_args: {lr: 0.1}`.
+        scheduler: Optional LR scheduler factory. A schedule with a `total_steps` argument (OneCycleLR) gets
+            the trainer's estimated number of optimizer steps when the config leaves it unset.
+        scheduler_interval: Step the scheduler every `epoch` or every optimizer `step`; default: `step` for
+            schedules with `total_steps` (OneCycle-style), `epoch` otherwise.
+        weight_decay_norm_and_bias: Apply the optimizer's weight decay to norm layers and biases too.
+            Default off: decaying them only hurts (they set scale and offset, not capacity).
+        norm_bias_lr_scale: Learning-rate multiplier for the norm layers' biases (their weight decay is divided
+            by it, so their decay per step is unchanged). airbench trains its BatchNorm biases 64x faster,
+            with the BatchNorm scales frozen: the shifts then do the work the scales would.
+        tta_flip: Evaluate (val/test/predict) on the mean of the outputs of each image and its mirror image,
+            at twice the evaluation cost.
+        tta_shift: Also average over the images shifted this many pixels up-left and down-right (airbench's
+            TTA level 2; `lit/tta.py`), at three times the evaluation cost. 0: off.
+        channels_last: Store conv weights and inputs NHWC, the layout the fastest convolutions of oneDNN
+            (CPUs) and cuDNN (tensor cores under 16-mixed/bf16-mixed) work in (benchmarks/README.md, section
+            2). Networks without 4-D inputs are unaffected.
+        compile: `torch.compile` the network in place (`nn.Module.compile`, so checkpoint keys do not change).
+            Pays off on long GPU runs; the first steps are slow while it compiles (minutes on a CPU).
+        compile_mode: `torch.compile` mode: `default`, `reduce-overhead` (CUDA graphs, small batches) or
+            `max-autotune` (longest compile, fastest kernels).
+        float32_matmul_precision: `torch.set_float32_matmul_precision` for fp32 matmuls/convs: `high` lets
+            Ampere+ GPUs use TF32 at negligible accuracy cost; no effect on CPU.
+    """
+
+    #: The validation metric that picks the best checkpoint (the default of `checkpoint.monitor`, of `cv`'s
+    #: best model and of `tune`'s objective, as `<monitor>_best`), and whether higher is better.
+    monitor: ClassVar[str] = "val/loss"
+    monitor_mode: ClassVar[Literal["min", "max"]] = "min"
+    #: The columns of `predict`'s CSV after the input's name (see `prediction_row`).
+    prediction_header: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(
+        self,
+        net: nn.Module,
+        class_names: list[str] | None = None,
+        input_shape: tuple[int, int, int] | None = (3, 32, 32),
+        optimizer: OptimizerCallable = torch.optim.AdamW,
+        scheduler: LRSchedulerCallable | None = None,
+        scheduler_interval: Literal["epoch", "step"] | None = None,
+        weight_decay_norm_and_bias: bool = False,
+        norm_bias_lr_scale: float = 1.0,
+        tta_flip: bool = False,
+        tta_shift: int = 0,
+        channels_last: bool = True,
+        compile: bool = False,
+        compile_mode: Literal["default", "reduce-overhead", "max-autotune"] | None = None,
+        float32_matmul_precision: Literal["highest", "high", "medium"] | None = None,
+    ) -> None:
+        super().__init__()
+        name = type(self).__name__
+        if norm_bias_lr_scale <= 0:
+            raise ValueError(f"{name}: norm_bias_lr_scale must be > 0, got {norm_bias_lr_scale}")
+        if tta_shift < 0:
+            raise ValueError(f"{name}: tta_shift must be >= 0, got {tta_shift}")
+        check_optimizer(optimizer)  # a negative lr etc. fails now, naming model.optimizer, not inside fit
+        # The network is saved with the checkpoint's weights; its config is in the saved CLI config.
+        self.save_hyperparameters(ignore=["net", "optimizer", "scheduler"])
+        self.net = net
+        self.optimizer = optimizer
+        self.scheduler = scheduler
+        self.class_names = list(class_names or [])
+        if input_shape is not None:
+            self.example_input_array = torch.zeros(2, *input_shape)
+        # One metric object per stage: states must never mix between train, val and test.
+        metrics = self.make_metrics()
+        self.train_metrics = metrics.clone(prefix="train/")
+        self.val_metrics = metrics.clone(prefix="val/")
+        self.test_metrics = metrics.clone(prefix="test/")
+        self.train_loss, self.val_loss, self.test_loss = MeanMetric(), MeanMetric(), MeanMetric()
+        self.val_best = MaxMetric() if self.monitor_mode == "max" else MinMetric()
+
+    # -- what a task defines ----------------------------------------------------------------------------------
+    def make_metrics(self) -> MetricCollection:
+        """The metrics of one stage, updated with `(outputs, targets)`; logged as `<stage>/<name>`."""
+        raise NotImplementedError
+
+    def loss(self, outputs: Tensor, targets: Tensor) -> Tensor:
+        """The training objective of a batch's network outputs against its targets."""
+        raise NotImplementedError
+
+    def predict_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> dict[str, Tensor]:
+        """Per input of the batch: its dataset `index` and what the task predicts for it."""
+        raise NotImplementedError
+
+    def prediction_row(self, prediction: dict[str, Any], i: int) -> list[Any]:
+        """The CSV cells (after the input's name) of input `i` of a `predict_step` result, made plain lists."""
+        raise NotImplementedError
+
+    def output_spec(self) -> dict[str, Any]:
+        """What the network's outputs mean, for export and serving (stored in checkpoints as `task`)."""
+        return {"task": type(self).__name__, "names": list(self.class_names)}
+
+    # -- the stage loop -----------------------------------------------------------------------------------------
+    def setup(self, stage: str) -> None:
+        # Speed switches are applied here, once per process, before the strategy wraps the module.
+        hp = self.hparams
+        if hp.float32_matmul_precision is not None:
+            torch.set_float32_matmul_precision(hp.float32_matmul_precision)
+        if hp.channels_last:
+            self.net.to(memory_format=torch.channels_last)
+        if hp.compile and not getattr(self, "_compiled", False):
+            self.net.compile(mode=hp.compile_mode)
+            self._compiled = True
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.hparams.channels_last and x.ndim == 4:
+            x = x.contiguous(memory_format=torch.channels_last)
+        if self.training or not (self.hparams.tta_flip or self.hparams.tta_shift):
+            return self.net(x)
+        return tta_logits(self.net, x, self.hparams.tta_flip, self.hparams.tta_shift)
+
+    def _shared_step(
+        self, batch: tuple[Tensor, Tensor], metrics: MetricCollection, loss_metric: MeanMetric
+    ) -> tuple[Tensor, Tensor]:
+        """Forward, loss and metric updates shared by train/val/test: returns (loss, outputs)."""
+        x, y = batch
+        outputs = self(x)
+        loss = self.loss(outputs, y)
+        metrics.update(outputs.detach(), y)
+        loss_metric.update(loss.detach(), weight=y.shape[0])
+        return loss, outputs
+
+    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+        loss, _ = self._shared_step(batch, self.train_metrics, self.train_loss)
+        self.log("loss", loss, prog_bar=True, logger=False)  # the step's loss, for the progress bar
+        return loss
+
+    def on_train_epoch_end(self) -> None:
+        # The epoch means (over all ranks) go to the loggers, logged once from the states every step updated:
+        # a log call per batch costs more than the update itself.
+        self.log("train/loss", self.train_loss)
+        self.log_dict(self.train_metrics)
+
+    def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> dict[str, Tensor]:
+        loss, outputs = self._shared_step(batch, self.val_metrics, self.val_loss)
+        self.log("val/loss", self.val_loss, on_step=False, on_epoch=True, prog_bar=True)
+        self.log_dict(self.val_metrics, on_step=False, on_epoch=True, prog_bar=False)
+        # Returned for callbacks (confusion matrix, worst predictions) via on_validation_batch_end's outputs.
+        return {"loss": loss.detach(), "logits": outputs.detach(), "targets": batch[1]}
+
+    def monitored_value(self) -> Tensor:
+        """This validation's value of `monitor` (compute() syncs across ranks: over the whole split)."""
+        name = self.monitor.removeprefix("val/")
+        return self.val_loss.compute() if name == "loss" else self.val_metrics[f"val/{name}"].compute()
+
+    def on_validation_epoch_end(self) -> None:
+        if self.trainer.sanity_checking:
+            return
+        self.val_best.update(self.monitored_value())
+        # Already the same on every rank; sync_dist only tells Lightning so (and costs one scalar all-reduce).
+        self.log(f"{self.monitor}_best", self.val_best.compute(), prog_bar=True, sync_dist=True)
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        # Metric states are not in the state_dict: keep the best validation value, so that a resumed run
+        # reports the best of the whole run, not the best since it was resumed.
+        best = self.val_best.compute() if self.val_best.update_count else None
+        checkpoint["monitor_best"] = {"monitor": self.monitor, "value": best}
+        checkpoint["task"] = self.output_spec()
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        best = checkpoint.get("monitor_best") or {}
+        if best.get("value") is not None and best.get("monitor") == self.monitor:
+            self.val_best.reset()
+            self.val_best.update(best["value"])
+
+    def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
+        self._shared_step(batch, self.test_metrics, self.test_loss)
+        self.log("test/loss", self.test_loss, on_step=False, on_epoch=True)
+        self.log_dict(self.test_metrics, on_step=False, on_epoch=True)
+
+    # -- sharding, clipping, optimisation -----------------------------------------------------------------------
+    def configure_model(self) -> None:
+        # FSDP2 (configs/trainer/fsdp2*.yaml) shards the network here, before the optimizer is built; DDP and
+        # FSDPStrategy wrap the module on their own. `load_from_checkpoint` calls this with no trainer (no mesh).
+        if self.device_mesh is not None:
+            shard_for_device_mesh(self.net, self.device_mesh, self.trainer.strategy)
+
+    def configure_gradient_clipping(
+        self,
+        optimizer: Any,
+        gradient_clip_val: float | None = None,
+        gradient_clip_algorithm: str | None = None,
+    ) -> None:
+        # Under FSDPStrategy, norm clipping needs FSDP's own (each rank holds only its shard of the gradients).
+        if not clip_fsdp_grad_norm(self.trainer.model, gradient_clip_val, gradient_clip_algorithm):
+            self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
+
+    def configure_optimizers(self) -> Any:
+        # Parameters come from trainer.model: under FSDP that is the sharded module the optimizer must see.
+        try:
+            model = self.trainer.model
+        except RuntimeError:  # not attached to a Trainer (a test building the optimizer directly)
+            model = self
+        hp = self.hparams
+        optimizer = build_optimizer(
+            self.optimizer, model, hp.weight_decay_norm_and_bias, hp.norm_bias_lr_scale
+        )
+        if self.scheduler is None:
+            return optimizer
+        kwargs, interval = {}, hp.scheduler_interval
+        if (max_lr := scaled_max_lr(self.scheduler, optimizer)) is not None:
+            kwargs["max_lr"] = max_lr
+        if leaves_unset(self.scheduler, "total_steps"):
+            # OneCycleLR divides by zero below ~1/pct_start steps; runs that short (debug runs) are padded.
+            kwargs["total_steps"] = max(int(self.trainer.estimated_stepping_batches), 100)
+            interval = interval or "step"
+        scheduler = self.scheduler(optimizer, **kwargs)
+        # "name" is what LearningRateMonitor logs the learning rate under.
+        return {
+            "optimizer": optimizer,
+            "lr_scheduler": {"scheduler": scheduler, "interval": interval or "epoch", "name": "train/lr"},
+        }
