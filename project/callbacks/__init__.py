@@ -2,47 +2,67 @@
 
 Grouped like `configs/`: the default ones here (checkpoints, predictions, effective batch size),
 `diagnostics/` (on by default: gradient norms, the non-finite guard, data wait, the W&B dashboard; opt-in:
-update ratios, throughput), `tuning/` (LR and batch-size finders), `debug/` (CUDA memory, profiler); training aids of particular recipes beside them (`PatchWhiteningInit`,
-`Lookahead`). Pruning
-and QAT live in `project.compression`. Every callback is exported here, so configs name it by its class alone
-(`class_path: ProgressivePruning`).
+update ratios, throughput), `tuning/` (LR and batch-size finders), `debug/` (CUDA memory, profiler); training
+aids of particular recipes beside them (`PatchWhiteningInit`, `Lookahead`). Pruning and QAT live in
+`project.compression`.
+
+A `fit` imports only the callbacks it always uses. The others are optional extras, listed in `OPTIONAL`: a config
+names them by class alone (`class_path: ProgressivePruning`), and `import_named` imports the ones a command line
+or config names before it is parsed; `from project.callbacks import X` works for every one of them.
 """
 
+import importlib
+import re
+from collections.abc import Iterable
+from typing import Any
+
 from project.callbacks.checkpoint import BestAndLastCheckpoint
-from project.callbacks.debug.memory import CUDAMemoryRecorder
-from project.callbacks.debug.profiler import ScheduledProfiler
 from project.callbacks.diagnostics.data_wait import DataWaitMonitor
 from project.callbacks.diagnostics.grad_norm import GradientNormMonitor
 from project.callbacks.diagnostics.nonfinite import NonFiniteError, NonFiniteGuard
-from project.callbacks.diagnostics.throughput import ImageThroughputMonitor
-from project.callbacks.diagnostics.update_ratio import UpdateRatioMonitor
 from project.callbacks.diagnostics.wandb_dashboard import WandbDashboard
 from project.callbacks.effective_batch_size import EffectiveBatchSize
-from project.callbacks.lookahead import Lookahead
 from project.callbacks.prediction_writer import PredictionWriter
-from project.callbacks.tuning.batch_size_finder import MaxBatchSizeFinder
-from project.callbacks.tuning.lr_finder import LRFinder
-from project.callbacks.whitening import PatchWhiteningInit
-from project.compression.pruning import ProgressivePruning
-from project.compression.qat import QuantizationAwareTraining
+
+#: Callbacks imported only when a config or command names them: class name -> module.
+OPTIONAL = {
+    "CUDAMemoryRecorder": "project.callbacks.debug.memory",
+    "ScheduledProfiler": "project.callbacks.debug.profiler",
+    "ImageThroughputMonitor": "project.callbacks.diagnostics.throughput",
+    "UpdateRatioMonitor": "project.callbacks.diagnostics.update_ratio",
+    "Lookahead": "project.callbacks.lookahead",
+    "MaxBatchSizeFinder": "project.callbacks.tuning.batch_size_finder",
+    "LRFinder": "project.callbacks.tuning.lr_finder",
+    "PatchWhiteningInit": "project.callbacks.whitening",
+    "ProgressivePruning": "project.compression.pruning",
+    "QuantizationAwareTraining": "project.compression.qat",
+    "StopAndRequeue": "project.run.preemption",
+}
+
+
+def import_named(texts: Iterable[str]) -> None:
+    """Import the optional callbacks whose class name appears in `texts` (a command line, config files), so
+    that jsonargparse finds them by their short name."""
+    text = "\n".join(texts)
+    for name, module in OPTIONAL.items():
+        if re.search(rf"\b{name}\b", text):
+            importlib.import_module(module)
+
+
+def __getattr__(name: str) -> Any:
+    if name in OPTIONAL:
+        return getattr(importlib.import_module(OPTIONAL[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
-    "MaxBatchSizeFinder",
     "BestAndLastCheckpoint",
-    "CUDAMemoryRecorder",
     "DataWaitMonitor",
     "EffectiveBatchSize",
     "GradientNormMonitor",
-    "ImageThroughputMonitor",
-    "LRFinder",
-    "Lookahead",
     "NonFiniteError",
     "NonFiniteGuard",
-    "PatchWhiteningInit",
     "PredictionWriter",
-    "ProgressivePruning",
-    "QuantizationAwareTraining",
-    "ScheduledProfiler",
-    "UpdateRatioMonitor",
     "WandbDashboard",
+    *OPTIONAL,
 ]

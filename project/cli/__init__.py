@@ -34,8 +34,7 @@ from project.cli.config import (
     SEED,
     TRAINER_DEFAULTS,
     add_project_arguments,
-    check_config_file,
-    config_files,
+    before_parsing,
     fit_parser,
     parse_error_line,
     parse_fit_args,
@@ -118,8 +117,8 @@ class ProjectCLI(LightningCLIWithTrainerHook):
 
     # -- 1. parse, 2. plan -----------------------------------------------------------------------------------
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
-        for path in config_files([str(a) for a in (sys.argv[1:] if args is None else args)]):
-            check_config_file(path)
+        if args is None or isinstance(args, list | tuple):  # (a dict or Namespace names no files)
+            before_parsing(sys.argv[1:] if args is None else args)
         super().parse_arguments(parser, args)
         # Planned right away: before LightningCLI reads hyperparameters from `--ckpt_path`, which the plan checks.
         subcommand = self.config.get("subcommand")

@@ -26,6 +26,7 @@ from project.callbacks import (
     NonFiniteGuard,
     PredictionWriter,
     WandbDashboard,
+    import_named,
 )
 from project.data import ImageDataModule
 from project.errors import UserError, find_user_error
@@ -81,11 +82,12 @@ def add_project_arguments(parser: LightningArgumentParser) -> None:
     parser.link_arguments("data.input_shape", f"{net}.input_shape", apply_on="instantiate")
 
 
-def check_config_file(path: str) -> None:
-    """A UserError naming `path` when it cannot be read or is not valid YAML (jsonargparse names neither)."""
+def check_config_file(path: str) -> str:
+    """The text of the config file `path`; a UserError naming it when it cannot be read or is not valid YAML
+    (jsonargparse names neither)."""
     file = Path(path)
     if not file.exists():
-        return  # the parser's own message names the missing file
+        return ""  # the parser's own message names the missing file
     try:
         text = file.read_text()
     except (OSError, UnicodeDecodeError) as e:
@@ -98,9 +100,17 @@ def check_config_file(path: str) -> None:
         raise UserError(
             f"config file {file} is not valid YAML{where}: {getattr(e, 'problem', None) or e}"
         ) from None
+    return text
 
 
-def config_files(args: list[str]) -> list[str]:
+def before_parsing(args: Sequence[str]) -> None:
+    """What a command line needs before it is parsed: its config files checked, and the optional callbacks it
+    names imported (the core imports none of them)."""
+    args = [str(a) for a in args]
+    import_named([*args, *(check_config_file(path) for path in config_files(args))])
+
+
+def config_files(args: Sequence[str]) -> list[str]:
     """The values of `--config`/`-c` in a command line."""
     found = [args[i + 1] for i, a in enumerate(args[:-1]) if a in ("--config", "-c")]
     return found + [a.split("=", 1)[1] for a in args if a.startswith("--config=")]
@@ -152,8 +162,7 @@ def fit_parser() -> LightningArgumentParser:
 def parse_fit_args(args: Sequence[str]) -> tuple[LightningArgumentParser, Namespace]:
     """(the `fit` parser, the config) of `fit`'s command-line arguments (`--config` files, later ones winning,
     and `--KEY VALUE` flags), instantiating nothing; a bad file, key or value is a UserError naming it."""
-    for path in config_files([str(a) for a in args]):
-        check_config_file(path)
+    before_parsing(args)
     parser = fit_parser()
     try:
         return parser, parser.parse_args([str(a) for a in args])
