@@ -137,6 +137,7 @@ FIT_CORE = set(
     project.callbacks.diagnostics.nonfinite project.callbacks.diagnostics.wandb_dashboard
     project.callbacks.effective_batch_size project.callbacks.prediction_writer project.cli project.cli.config
     project.data project.data.augment project.data.cifar project.data.datamodule project.data.folder
+    project.data.image_files project.data.samplers
     project.data.folds project.data.image_cache project.data.images project.data.tensor_dataset
     project.distributed project.distributed.fsdp2 project.distributed.sharding project.errors project.io
     project.lit project.lit.factories project.lit.image_classifier project.lit.task project.lit.tta

@@ -1,7 +1,13 @@
-"""DataModules: where images come from and how batches are made. They know nothing about the network."""
+"""DataModules: where images come from and how batches are made. They know nothing about the network.
+
+`ImageDataModule` holds the loaders and the batched augmentation; `ImageFilesDataModule` what every source of
+labelled image files shares (cache, splits, folds, statistics, guards), each source saying only where its files
+and labels are (`scan`): `ImageFolderDataModule` reads class folders. CIFAR is held in memory as it comes.
+"""
 
 from project.data.cifar import CIFARDataModule
 from project.data.datamodule import ImageDataModule
 from project.data.folder import ImageFolderDataModule
+from project.data.image_files import ImageFilesDataModule
 
-__all__ = ["CIFARDataModule", "ImageDataModule", "ImageFolderDataModule"]
+__all__ = ["CIFARDataModule", "ImageDataModule", "ImageFilesDataModule", "ImageFolderDataModule"]

@@ -24,22 +24,6 @@ def check_fold_args(num_folds: int | None, fold: int) -> None:
         raise UserError(f"data.fold={fold} is outside [0, {num_folds}) (data.num_folds={num_folds})")
 
 
-def check_folder_folds(
-    num_folds: int | None, fold: int, labels: Sequence[int], class_names: Sequence[str], val_dir: Any
-) -> None:
-    """The checks of a class-folder dataset's folds, in its __init__: before anything runs."""
-    check_fold_args(num_folds, fold)
-    if num_folds is None:
-        return
-    if val_dir is not None:
-        raise UserError(
-            f"data.num_folds={num_folds} with the validation folder {val_dir}: the folds are drawn from the "
-            f"training images, so that folder would be ignored. Move its images into {val_dir.parent / 'train'}"
-            "/<class>/ to cross-validate over all of them, or drop data.num_folds to validate on it"
-        )
-    check_class_counts(labels, num_folds, class_names)
-
-
 def check_class_counts(labels: Sequence[int], num_folds: int, class_names: Sequence[str]) -> None:
     """A UserError naming the first class with fewer images than folds (each fold needs one of every class)."""
     counts = torch.bincount(torch.as_tensor(labels, dtype=torch.long), minlength=len(class_names))

@@ -17,10 +17,10 @@ from project.errors import UserError
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp", ".gif")
 
 
-class ClassFolders(NamedTuple):
-    """A scan of `folder/<class>/**/<image>`: files (absolute paths, as strings: a Path per file would cost
-    more than the scan) and labels in order, the class names, and each file's (size, modification time) as the
-    scan saw them, which the image cache is keyed by."""
+class LabelledFiles(NamedTuple):
+    """Image files with their labels, as a data source lists them (a scan of class folders, a CSV): files
+    (absolute paths, as strings: a Path per file would cost more than the scan) and labels in order, the class
+    names, and each file's (size, modification time) as the scan saw them, which the image cache is keyed by."""
 
     files: list[str]
     labels: list[int]
@@ -52,7 +52,7 @@ def _scan(folder: str, found: list[str], stamps: list[tuple[int, int]] | None) -
                 stamps.append((st.st_size, st.st_mtime_ns))
 
 
-def scan_class_folders(folder: Path, classes: list[str] | None = None) -> ClassFolders:
+def scan_class_folders(folder: Path, classes: list[str] | None = None) -> LabelledFiles:
     """`folder/<class>/**/<image>` -> files, labels and class names. Errors name the folder at fault.
 
     Args:
@@ -76,7 +76,7 @@ def scan_class_folders(folder: Path, classes: list[str] | None = None) -> ClassF
         raise UserError(
             f"class folders of {folder} ({', '.join(found)}) differ from the training classes ({', '.join(classes)})"
         )
-    scan = ClassFolders([], [], found, [])
+    scan = LabelledFiles([], [], found, [])
     for label, name in enumerate(found):
         before = len(scan.files)
         _scan(str(folder / name), scan.files, scan.stamps)

@@ -1,0 +1,208 @@
+"""`ImageFilesDataModule`: labelled image files, wherever their labels come from, decoded once and cached.
+
+What a source of labelled images needs beyond its list of files is the same for every source: decoding any
+size and mode, the decoded-image cache, a stratified validation split when the source has none, k-fold
+splits, statistics from the training part only, the unreadable-file and decompression-bomb guards, and a
+prediction folder. All of that lives here. A source says only where its files and labels are: `scan(split)`.
+`ImageFolderDataModule` (class folders) is one source; a CSV of paths and labels is another.
+"""
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from lightning.pytorch.utilities import rank_zero_warn
+from torch.utils.data import Dataset
+
+from project.data.datamodule import ImageDataModule, available_cpus
+from project.data.folds import KFoldMixin, check_class_counts
+from project.data.image_cache import ImageCache, default_cache_dir, drop_bad, sampled_mean_std
+from project.data.images import MAX_IMAGE_PIXELS, ImageFileDataset, LabelledFiles, check_image, list_images
+from project.data.tensor_dataset import TensorImageDataset
+from project.errors import UserError
+
+
+class ImageFilesDataModule(KFoldMixin, ImageDataModule):
+    """Labelled image files of any size and mode, resized once to `image_size` and cached.
+
+    Subclasses implement `scan(split)`: the files of `train` (required), `val` and `test` (None when the source
+    has no such split: validation is then split off the training files by `val_fraction`, stratified and seeded,
+    and testing falls back to validation). A subclass sets what `scan` needs before calling `__init__`, which
+    scans the training split at once: its class names are linked into the model, and its checks run before
+    anything trains.
+
+    Every image is converted to RGB (grayscale, RGBA and palette images too), its shorter side resized to
+    `image_size` and centre-cropped. With `cache: true` (default) this happens once: the images land in a
+    memory-mapped uint8 file in `cache_dir`, rebuilt only when files are added, removed or changed, and
+    batches are gathered from it like from CIFAR's in-memory tensor. `cache: false` decodes every image in
+    the loader workers each epoch (for datasets too large for the disk cache).
+
+    Args:
+        image_size: Side of the square images the network sees.
+        val_fraction: Fraction of each class held out for validation when the source has no validation split.
+        cache: Decode once into the memory-mapped cache (fast) instead of every epoch.
+        cache_dir: Where the cache lives. Default: `$XDG_CACHE_HOME/project/images` (`~/.cache/...`).
+        skip_corrupt: Leave unreadable image files out with a warning instead of stopping with an error.
+        max_image_pixels: Largest width x height decoded; a larger image (a decompression bomb, say) counts as
+            unreadable.
+        mean: Per-channel mean in [0, 1]; default: computed once over the training images (and cached).
+        std: Per-channel std in [0, 1]; default: computed with the mean.
+        predict_root: A folder of unlabeled images (any depth) for `predict`; default: the test split if there
+            is one, else the validation split.
+        crop_padding: Padding of the training random crop; default `image_size // 8` (4 at 32 pixels).
+        **kwargs: `num_folds` and `fold` (k-fold cross-validation over the training images, see `KFoldMixin`),
+            and the loader and augmentation settings of `ImageDataModule` (batch_size, num_workers, ...).
+    """
+
+    def __init__(
+        self,
+        image_size: int = 64,
+        val_fraction: float = 0.1,
+        cache: bool = True,
+        cache_dir: str | None = None,
+        skip_corrupt: bool = False,
+        max_image_pixels: int = MAX_IMAGE_PIXELS,
+        mean: tuple[float, float, float] | None = None,
+        std: tuple[float, float, float] | None = None,
+        predict_root: str | None = None,
+        crop_padding: int | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(crop_padding=image_size // 8 if crop_padding is None else crop_padding, **kwargs)
+        if image_size < 1:
+            raise UserError(f"data.image_size must be at least 1, got {image_size}")
+        self.image_size = image_size
+        self.cache = cache
+        self.cache_dir = Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
+        self.skip_corrupt = skip_corrupt
+        self.max_image_pixels = max_image_pixels
+        self.predict_root = Path(predict_root).expanduser() if predict_root else None
+        self._scans: dict[str, LabelledFiles | None] = {}
+        self._caches: dict[str, ImageCache] = {}
+        train = self.scanned("train")
+        has_val = self.scanned("val") is not None
+        if not has_val and not 0.0 < val_fraction < 1.0:
+            raise UserError(
+                f"data.val_fraction must be in (0, 1) when the data has no validation split, got {val_fraction}"
+            )
+        self.val_fraction = val_fraction
+        if self.num_folds is not None:
+            if has_val:
+                raise UserError(self.folds_with_val_split())
+            check_class_counts(train.labels, self.num_folds, train.classes)
+        self._given_stats = (mean, std) if mean is not None and std is not None else None
+        if self._given_stats:
+            self.mean, self.std = mean, std
+
+    # -- what a source defines ---------------------------------------------------------------------------------
+    def scan(self, split: str) -> LabelledFiles | None:
+        """The files and labels of `split` (`train`, `val`, `test`), or None when the source has no such split.
+        The classes of `val` and `test` must be those of `train`, in the same order."""
+        raise NotImplementedError
+
+    def folds_with_val_split(self) -> str:
+        """The message for `num_folds` given with a source that has its own validation split."""
+        return (
+            f"data.num_folds={self.num_folds}: the folds are drawn from the training images, and the data has a "
+            "validation split of its own that would be ignored; drop data.num_folds to validate on it"
+        )
+
+    # -- what the model needs to know ----------------------------------------------------------------------------
+    @property
+    def class_names(self) -> list[str]:
+        return self.scanned("train").classes
+
+    @property
+    def input_shape(self) -> tuple[int, int, int]:
+        return (3, self.image_size, self.image_size)
+
+    # -- building the splits --------------------------------------------------------------------------------
+    def scanned(self, split: str) -> Any:
+        """`scan(split)`, once per split (typed loosely: `train` is never None)."""
+        if split not in self._scans:
+            self._scans[split] = self.scan(split)
+        return self._scans[split]
+
+    def has_split(self, split: str) -> bool:
+        return self.scanned(split) is not None
+
+    def _workers(self) -> int:
+        return min(8, available_cpus()) if self.num_workers is None else self.num_workers
+
+    def _cache(self, split: str) -> ImageCache:
+        """The decoded images of a split, loaded (or built) once per process."""
+        if split not in self._caches:
+            scan, size, pixels = self.scanned(split), self.image_size, self.max_image_pixels
+            build = (scan.files, size, self.cache_dir, self._workers(), scan.stamps, pixels)
+            self._caches[split] = ImageCache.load_or_build(*build)
+        return self._caches[split]
+
+    def _dataset(self, split: str, indices: list[int] | None = None) -> Dataset:
+        """The images of `split` (train, val, test), or the rows `indices` of it."""
+        files, labels = self.scanned(split).files, self.scanned(split).labels
+        indices = list(range(len(files))) if indices is None else indices
+        if self.cache:
+            cached = self._cache(split)
+            keep = drop_bad(indices, cached.bad, files, self.skip_corrupt)
+            return TensorImageDataset(cached.images, labels, keep)
+        if self.skip_corrupt:
+            bad = {i: reason for i in indices if (reason := check_image(files[i], self.max_image_pixels))}
+            indices = drop_bad(indices, bad, files, skip_corrupt=True)
+        return ImageFileDataset(
+            [files[i] for i in indices], [labels[i] for i in indices], self.image_size, self.max_image_pixels
+        )
+
+    def _split(self) -> tuple[list[int], list[int]]:
+        """Stratified, seeded split of the training files: (train indices, val indices)."""
+        labels = self.scanned("train").labels
+        if self.num_folds is not None:
+            return self.fold_indices(labels)
+        g = torch.Generator().manual_seed(self.seed)
+        labels = torch.tensor(labels)
+        train_idx, val_idx = [], []
+        for c in range(len(self.class_names)):
+            idx = (labels == c).nonzero().flatten()
+            idx = idx[torch.randperm(len(idx), generator=g)].tolist()
+            n_val = min(len(idx) - 1, max(1, round(self.val_fraction * len(idx)))) if len(idx) > 1 else 0
+            val_idx += idx[:n_val]
+            train_idx += idx[n_val:]
+        return sorted(train_idx), sorted(val_idx)
+
+    def setup(self, stage: str) -> None:
+        if self.train_set is None:
+            has_val = self.has_split("val")
+            train_idx, val_idx = (None, None) if has_val else self._split()
+            self.train_set = self._dataset("train", train_idx)
+            self.val_set = self._dataset("val") if has_val else self._dataset("train", val_idx)
+            if not self._given_stats:
+                self.mean, self.std = self._train_stats()
+        if stage == "test" and self.test_set is None:
+            if self.has_split("test"):
+                self.test_set = self._dataset("test")
+            else:
+                rank_zero_warn("The data has no test split: testing on the validation split.")
+                self.test_set = self.val_set
+        if stage == "predict" and self.predict_set is None:
+            files = self.predict_files()
+            self.predict_set = ImageFileDataset(files, None, self.image_size, self.max_image_pixels)
+            self.predict_names = [str(f) for f in files]
+
+    def predict_files(self) -> list[Path]:
+        """The images `predict` reads: `predict_root`, else the test split, else the validation split."""
+        if self.predict_root is not None:
+            files = list_images(self.predict_root)
+            if not files:
+                raise UserError(f"prediction folder {self.predict_root} contains no images")
+            return files
+        if self.has_split("test"):
+            return [Path(f) for f in self.scanned("test").files]
+        return [Path(self.scanned("train").files[i]) for i in self._split()[1]]
+
+    def _train_stats(self) -> tuple[tuple[float, ...], tuple[float, ...]]:
+        ds = self.train_set
+        if isinstance(ds, TensorImageDataset):
+            return self._cache("train").mean_std(ds.indices)
+        assert isinstance(ds, ImageFileDataset)  # what _dataset builds without the cache
+        return sampled_mean_std(
+            ds.files, self.image_size, self.cache_dir, self._workers(), self.max_image_pixels
+        )
