@@ -3,11 +3,17 @@
 import contextlib
 import csv
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 import lightning as L
 from lightning.pytorch.callbacks import BasePredictionWriter
 
 from project.io import atomic_path
+
+if TYPE_CHECKING:
+    from _csv import Writer  # what csv.writer returns; `csv` does not export the name
+
+    from project.lit.task import ImageTask
 
 
 class PredictionWriter(BasePredictionWriter):
@@ -27,7 +33,7 @@ class PredictionWriter(BasePredictionWriter):
         super().__init__(write_interval="batch")
         self.output_path = output_path
         self._open: contextlib.ExitStack | None = None  # the CSV being written, renamed into place at the end
-        self._writer = None
+        self._writer: Writer | None = None
         self.path: Path | None = None
 
     def on_predict_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -39,16 +45,19 @@ class PredictionWriter(BasePredictionWriter):
         self._open = contextlib.ExitStack()
         tmp = self._open.enter_context(atomic_path(path))
         self._writer = csv.writer(self._open.enter_context(open(tmp, "w", newline="")))  # noqa: SIM115 - spans hooks
-        self._writer.writerow(["input", *pl_module.prediction_header])
+        self._writer.writerow(["input", *_task(pl_module).prediction_header])
 
     def write_on_batch_end(
         self, trainer, pl_module, prediction, batch_indices, batch, batch_idx, dataloader_idx
     ) -> None:
-        names = getattr(trainer.datamodule, "predict_names", None) or []
+        assert self._writer is not None  # opened by on_predict_start, which Lightning runs before any batch
+        datamodule = trainer.datamodule  # pyright: ignore[reportAttributeAccessIssue]  # set by Lightning
+        names = getattr(datamodule, "predict_names", None) or []
         plain = {key: value.tolist() for key, value in prediction.items()}  # one device-to-host copy each
+        task = _task(pl_module)
         for i, index in enumerate(plain["index"]):
             name = names[index] if index < len(names) else str(index)
-            self._writer.writerow([name, *pl_module.prediction_row(plain, i)])
+            self._writer.writerow([name, *task.prediction_row(plain, i)])
 
     def on_predict_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self._open is not None:
@@ -62,3 +71,9 @@ class PredictionWriter(BasePredictionWriter):
         if self._open is not None:  # never leave a half-written CSV behind
             self._open, stack = None, self._open
             stack.__exit__(type(exception), exception, exception.__traceback__)
+
+
+def _task(pl_module: L.LightningModule) -> "ImageTask":
+    """The module as the task it is: the CLI builds every model as an `ImageTask` (`model_class`, subclass
+    mode), which defines the CSV's columns."""
+    return cast("ImageTask", pl_module)

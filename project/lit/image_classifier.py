@@ -40,7 +40,7 @@ class ImageClassifier(ImageTask):
         # compute_groups=False: torchmetrics would merge top-1 and top-k into one state if their states happen
         # to be equal after the first update (a fresh network that never ranks the first batch's class in its
         # top k, as on a class-sorted validation split), and top-k then silently reports top-1 for the run.
-        num_classes = self.hparams.num_classes
+        num_classes = self.hparams["num_classes"]
         top5 = min(5, num_classes)
         return MetricCollection(
             {
@@ -51,7 +51,7 @@ class ImageClassifier(ImageTask):
         )
 
     def loss(self, outputs: Tensor, targets: Tensor) -> Tensor:
-        return F.cross_entropy(outputs, targets, label_smoothing=self.hparams.label_smoothing)
+        return F.cross_entropy(outputs, targets, label_smoothing=self.hparams["label_smoothing"])
 
     def predict_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> dict[str, Tensor]:
         """Per input: its dataset index, the predicted class index and that class's probability."""

@@ -128,20 +128,20 @@ class ImageTask(L.LightningModule):
     def setup(self, stage: str) -> None:
         # Speed switches are applied here, once per process, before the strategy wraps the module.
         hp = self.hparams
-        if hp.float32_matmul_precision is not None:
-            torch.set_float32_matmul_precision(hp.float32_matmul_precision)
-        if hp.channels_last:
+        if hp["float32_matmul_precision"] is not None:
+            torch.set_float32_matmul_precision(hp["float32_matmul_precision"])
+        if hp["channels_last"]:
             self.net.to(memory_format=torch.channels_last)
-        if hp.compile and not getattr(self, "_compiled", False):
-            self.net.compile(mode=hp.compile_mode)
+        if hp["compile"] and not getattr(self, "_compiled", False):
+            self.net.compile(mode=hp["compile_mode"])
             self._compiled = True
 
     def forward(self, x: Tensor) -> Tensor:
-        if self.hparams.channels_last and x.ndim == 4:
+        if self.hparams["channels_last"] and x.ndim == 4:
             x = x.contiguous(memory_format=torch.channels_last)
-        if self.training or not (self.hparams.tta_flip or self.hparams.tta_shift):
+        if self.training or not (self.hparams["tta_flip"] or self.hparams["tta_shift"]):
             return self.net(x)
-        return tta_logits(self.net, x, self.hparams.tta_flip, self.hparams.tta_shift)
+        return tta_logits(self.net, x, self.hparams["tta_flip"], self.hparams["tta_shift"])
 
     def _shared_step(
         self, batch: tuple[Tensor, Tensor], metrics: MetricCollection, loss_metric: MeanMetric
@@ -216,7 +216,8 @@ class ImageTask(L.LightningModule):
         gradient_clip_algorithm: str | None = None,
     ) -> None:
         # Under FSDPStrategy, norm clipping needs FSDP's own (each rank holds only its shard of the gradients).
-        if not clip_fsdp_grad_norm(self.trainer.model, gradient_clip_val, gradient_clip_algorithm):
+        model = self.trainer.model
+        if model is None or not clip_fsdp_grad_norm(model, gradient_clip_val, gradient_clip_algorithm):
             self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
 
     def configure_optimizers(self) -> Any:
@@ -225,13 +226,14 @@ class ImageTask(L.LightningModule):
             model = self.trainer.model
         except RuntimeError:  # not attached to a Trainer (a test building the optimizer directly)
             model = self
+        assert model is not None  # the strategy holds the module from `connect`, before this hook runs
         hp = self.hparams
         optimizer = build_optimizer(
-            self.optimizer, model, hp.weight_decay_norm_and_bias, hp.norm_bias_lr_scale
+            self.optimizer, model, hp["weight_decay_norm_and_bias"], hp["norm_bias_lr_scale"]
         )
         if self.scheduler is None:
             return optimizer
-        kwargs, interval = {}, hp.scheduler_interval
+        kwargs, interval = {}, hp["scheduler_interval"]
         if (max_lr := scaled_max_lr(self.scheduler, optimizer)) is not None:
             kwargs["max_lr"] = max_lr
         if leaves_unset(self.scheduler, "total_steps"):

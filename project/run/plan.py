@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 from jsonargparse import Namespace
-from lightning.pytorch.utilities.rank_zero import rank_zero_only
+from lightning.pytorch.utilities import rank_zero_only
 
 from project.errors import UserError, warn
 from project.io import check_writable

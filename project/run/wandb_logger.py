@@ -23,7 +23,7 @@ from typing import Any, Literal
 from urllib.parse import urlparse
 
 from lightning.pytorch import loggers
-from lightning.pytorch.utilities.rank_zero import rank_zero_only
+from lightning.pytorch.utilities import rank_zero_only
 
 from project.errors import UserError, warn
 from project.run.lightning_private import drop_wandb_init_argument

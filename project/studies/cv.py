@@ -96,6 +96,7 @@ def test_ensemble_result(fold_dirs: list[Path]) -> dict[str, Any]:
         if targets is not None and not torch.equal(targets, evaluation.targets):
             raise UserError(f"the test split of {fold_dir} differs from the other folds' test split")
         targets = evaluation.targets
+    assert probs is not None and targets is not None  # cv always has at least 2 folds (fold_numbers)
     ensemble = float((probs.argmax(1) == targets).double().mean())
     return {
         "test/acc_ensemble": ensemble,
@@ -180,13 +181,14 @@ def cv(
                 fold_dir / RESULT_FILE, json.dumps(result, indent=2) + "\n"
             )  # last: marks the fold complete
         print(f"fold {k}: val/acc {result['val/acc']:.4f}, val/loss {result['val/loss']:.4f}")
-    results = [read_json(study_dir / f"fold_{k}" / RESULT_FILE) for k in range(folds)]
-    missing = [k for k, r in enumerate(results) if r is None]
+    read = [read_json(study_dir / f"fold_{k}" / RESULT_FILE) for k in range(folds)]
+    missing = [k for k, r in enumerate(read) if r is None]
     if missing:
         print(
             f"folds {', '.join(map(str, missing))} are not complete yet: the summary is written once they are"
         )
         return None
+    results = [r for r in read if r is not None]  # all of them: none is missing
     summary = summarize(results)
     ensemble = (
         test_ensemble_result([study_dir / f"fold_{k}" for k in range(folds)]) if test_ensemble else None

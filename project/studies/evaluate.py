@@ -30,7 +30,8 @@ class Evaluation:
     def accuracy(self) -> float:
         return float((self.probs.argmax(1) == self.targets).double().mean())
 
-    def class_accuracy(self, class_names: list[str]) -> dict[str, float]:
+    def class_accuracy(self, class_names: list[str]) -> dict[str, float | None]:
+        """Each class's accuracy; None for a class the split has no image of."""
         correct = self.probs.argmax(1) == self.targets
         return {
             name: float(correct[self.targets == c].double().mean())

@@ -92,10 +92,12 @@ class TrialPruning(Callback):
             if value is None:
                 logged = ", ".join(sorted(k for k in trainer.callback_metrics if "/" in k))
                 raise UserError(f"the search's metric {self.monitor} was not logged (logged: {logged})")
-            self._trial.report(float(value), step=self._validations)
-            prune = self._trial.should_prune()
+            trial = self._trial
+            assert trial is not None  # connected by on_fit_start, on this same global-zero process
+            trial.report(float(value), step=self._validations)
+            prune = trial.should_prune()
             if prune:
-                self._trial.set_user_attr(PRUNED_ATTR, self._validations)
+                trial.set_user_attr(PRUNED_ATTR, self._validations)
         if trainer.strategy.broadcast(prune):
             trainer.should_stop = True
 

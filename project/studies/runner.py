@@ -204,7 +204,8 @@ def log_table(
         group=group,
         job_type=job_type,
         name=f"{group}-{job_type}",
-        mode=os.environ.get("WANDB_MODE", "offline"),
+        # WANDB_MODE, when set, wandb reads and checks itself (its older names `dryrun` and `run` included).
+        mode=None if "WANDB_MODE" in os.environ else "offline",
         reinit="finish_previous",
     )
     try:

@@ -16,19 +16,17 @@ their rules (low <= high, log needs low > 0 and no step, ...) are Optuna's. A ba
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
-from optuna.distributions import (
-    BaseDistribution,
-    CategoricalDistribution,
-    FloatDistribution,
-    IntDistribution,
-)
+from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 
 from project.errors import UserError
 
-DIRECTIONS = ("maximize", "minimize")
+Direction = Literal["maximize", "minimize"]
+DIRECTIONS: tuple[Direction, ...] = ("maximize", "minimize")
+#: The distributions a search file can name.
+Distribution = FloatDistribution | IntDistribution | CategoricalDistribution
 FIELDS = {
     "float": {"low", "high", "log", "step"},
     "int": {"low", "high", "log", "step"},
@@ -40,9 +38,9 @@ FIELDS = {
 class SearchSpace:
     """The parameters (dotted config key -> distribution), and the metric to optimise in which direction."""
 
-    params: dict[str, BaseDistribution]
+    params: dict[str, Distribution]
     metric: str = "val/acc_best"
-    direction: str = "maximize"
+    direction: Direction = "maximize"
     source: str = ""
     spec: dict[str, Any] = field(default_factory=dict)
 
@@ -63,7 +61,7 @@ def _number(value: Any, kind: str, where: str) -> float | int:
     return float(value)
 
 
-def distribution(spec: Any, where: str) -> BaseDistribution:
+def distribution(spec: Any, where: str) -> Distribution:
     """The Optuna distribution of one search-file entry (`{type: float, low: ..., high: ...}`)."""
     if not isinstance(spec, dict) or "type" not in spec:
         raise UserError(f"{where}: expected a mapping with a type (float, int or categorical), got {spec!r}")
@@ -90,8 +88,8 @@ def distribution(spec: Any, where: str) -> BaseDistribution:
     if not isinstance(log, bool):
         raise UserError(f"{where}.log: expected true or false, got {log!r}")
     try:
-        if kind == "int":
-            return IntDistribution(low, high, log=log, step=1 if step is None else step)
+        if kind == "int":  # _number made each of them an int
+            return IntDistribution(int(low), int(high), log=log, step=1 if step is None else int(step))
         return FloatDistribution(low, high, log=log, step=step)
     except ValueError as e:  # Optuna's own rules
         raise UserError(f"{where}: {e}") from None
