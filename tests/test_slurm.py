@@ -178,9 +178,7 @@ def start_signalled_run(
 def test_sigusr1_to_one_ddp_rank_stops_both_at_the_same_step(images, tmp_path, trial):
     rng = random.Random(trial)
     rank, after = trial % 2, rng.randrange(2, 40)  # somewhere in the first 3 of 6 epochs
-    step, sent = start_signalled_run(
-        images, tmp_path / "run", rank, after, rng, CONFIGS / "slurm" / "requeue.yaml"
-    )
+    step, sent = start_signalled_run(images, tmp_path / "run", rank, after, rng)  # on by default under SLURM
     codes = step.wait(timeout=120)
     assert codes == [143, 143], (
         f"signalled rank {rank} after step {sent}: exit codes {codes}\n{step.output()}"
@@ -197,7 +195,10 @@ def test_sigusr1_to_one_ddp_rank_stops_both_at_the_same_step(images, tmp_path, t
 def test_lightnings_own_slurm_handler_hangs_when_one_rank_is_signalled(images, tmp_path):
     """What the callback replaces: Lightning's auto-requeue handler saves a checkpoint (collectives) inside the
     signal handler, on the signalled process alone, so the processes wait for each other for ever."""
-    step, sent = start_signalled_run(images, tmp_path / "run", 1, 10, random.Random(0))  # SLURM auto-detected
+    own = tmp_path / "lightnings_own.yaml"
+    plugin = {"class_path": "lightning.pytorch.plugins.environments.SLURMEnvironment"}
+    own.write_text(yaml.safe_dump({"trainer": {"plugins": [plugin | {"init_args": {"auto_requeue": True}}]}}))
+    step, sent = start_signalled_run(images, tmp_path / "run", 1, 10, random.Random(0), own)
     codes = step.wait(timeout=15)  # the callback's stop takes well under a second
     assert codes == [None, None], f"expected both processes still waiting, got exit codes {codes}"
     assert not (tmp_path / "run" / "scontrol.txt").exists()

@@ -23,6 +23,7 @@ from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint, ModelSummary, ProgressBar
 from lightning.pytorch.cli import LightningArgumentParser
 from lightning.pytorch.loggers import CSVLogger
+from lightning.pytorch.plugins.environments import ClusterEnvironment, SLURMEnvironment
 from lightning.pytorch.utilities.exceptions import MisconfigurationException, SIGTERMException
 
 # Importing these makes their short class names (`class_path: SimpleCNN`) resolvable in configs.
@@ -155,6 +156,16 @@ class ProjectCLI(LightningCLIWithTrainerHook):
         if any(isinstance(c, ModelSummary) for c in callbacks):
             trainer_config["enable_model_summary"] = False  # ours is there: Lightning need not add its own
         callbacks.append(EffectiveBatchSize())
+        if self.subcommand == "fit" and under_slurm(trainer_config["plugins"]):
+            # Lightning's own SLURM handler saves a checkpoint inside the signal handler, which can hang a job
+            # of several processes: the template's stops every process at the same step instead, then requeues.
+            from project.run.preemption import StopAndRequeue
+
+            trainer_config["plugins"].append(SLURMEnvironment(auto_requeue=False))
+            if not any(
+                isinstance(c, StopAndRequeue) for c in [*callbacks, *(trainer_config.get("callbacks") or [])]
+            ):
+                callbacks.append(StopAndRequeue())
         if self.subcommand == "fit":  # (with a subcommand, there is a plan)
             # Every checkpoint carries the RNG states and the run's identity; logs are on disk before it is.
             callbacks += [
@@ -201,6 +212,11 @@ class ProjectCLI(LightningCLIWithTrainerHook):
             )
 
     before_validate = before_test = before_predict = _check_checkpoint_fits
+
+
+def under_slurm(plugins: list[Any]) -> bool:
+    """A run inside a SLURM job whose config chose no cluster environment of its own."""
+    return SLURMEnvironment.detect() and not any(isinstance(p, ClusterEnvironment) for p in plugins)
 
 
 def main(args: list[str] | None = None) -> None:

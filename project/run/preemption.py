@@ -9,8 +9,8 @@ when only one got it, and they stop there the way Lightning stops on SIGTERM: `l
 (BestAndLastCheckpoint), the run ends with `error: stopped by SIGUSR1 ...`, and under SLURM rank 0 requeues
 the job, which continues the same run with `--ckpt_path last` when it starts again.
 
-Use it with Lightning's own SLURM handler switched off, as configs/slurm/requeue.yaml does
-(`SLURMEnvironment(auto_requeue=False)`).
+Inside a SLURM job, `fit` adds it with Lightning's own SLURM handler switched off
+(`SLURMEnvironment(auto_requeue=False)`), unless the config chose a cluster environment itself.
 """
 
 import atexit
