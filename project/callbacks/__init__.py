@@ -55,6 +55,7 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
+# The optional ones (OPTIONAL) are importable from here too, through __getattr__.
 __all__ = [
     "BestAndLastCheckpoint",
     "DataWaitMonitor",
@@ -64,5 +65,4 @@ __all__ = [
     "NonFiniteGuard",
     "PredictionWriter",
     "WandbDashboard",
-    *OPTIONAL,
 ]

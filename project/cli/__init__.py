@@ -19,12 +19,14 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from lightning.fabric.plugins.environments.cluster_environment import ClusterEnvironment
+from lightning.fabric.plugins.environments.slurm import SLURMEnvironment
+from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint, ModelSummary, ProgressBar
 from lightning.pytorch.cli import LightningArgumentParser
 from lightning.pytorch.loggers import CSVLogger
-from lightning.pytorch.plugins.environments import ClusterEnvironment, SLURMEnvironment
-from lightning.pytorch.utilities.exceptions import MisconfigurationException, SIGTERMException
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 # Importing these makes their short class names (`class_path: SimpleCNN`) resolvable in configs.
 import project.callbacks  # noqa: F401

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from jsonargparse import ActionConfigFile, ArgumentParser, Namespace
+from jsonargparse import ActionConfigFile, ArgumentParser, Namespace  # pyright: ignore[reportPrivateImportUsage]  # exported, not in __all__
 from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import LearningRateMonitor, RichModelSummary, RichProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
@@ -232,7 +232,7 @@ def parse_tool_args(function: Callable[..., Any], args: Sequence[str], prog: str
             "other flag (--model.*, --data.*, ...) are read by the `fit` config parser, as in `python -m project fit`."
         )
     parser = ArgumentParser(prog=prog, description=doc.split("\n\nArgs:")[0], epilog=epilog)
-    parser.add_function_arguments(function, as_group=False, skip=forwarded)
+    parser.add_function_arguments(function, as_group=False, skip=set[str | int](forwarded))
     parsed = parser.parse_args(mine).as_dict()
     if "fit_args" in forwarded:
         parsed["fit_args"] = rest

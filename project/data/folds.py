@@ -42,12 +42,12 @@ def stratified_folds(labels: Sequence[int], num_folds: int, seed: int) -> list[l
     folds, each class starting where the previous one stopped: every fold holds the floor or the ceiling of
     each class's share, and the folds' sizes differ by at most one.
     """
-    labels = torch.as_tensor(labels, dtype=torch.long)
+    label_tensor = torch.as_tensor(labels, dtype=torch.long)
     generator = torch.Generator().manual_seed(seed)
     folds: list[list[int]] = [[] for _ in range(num_folds)]
     start = 0
-    for c in torch.unique(labels, sorted=True).tolist():
-        idx = (labels == c).nonzero().flatten()
+    for c in torch.unique(label_tensor, sorted=True).tolist():
+        idx = (label_tensor == c).nonzero().flatten()
         idx = idx[torch.randperm(len(idx), generator=generator)].tolist()
         for i, index in enumerate(idx):
             folds[(start + i) % num_folds].append(index)
@@ -82,6 +82,12 @@ class KFoldMixin:
         check_fold_args(num_folds, fold)
         self.num_folds, self.fold = num_folds, fold
 
+    #: What the DataModule this is mixed into provides.
+    seed: int
+    class_names: list[str]
+
     def fold_indices(self, labels: Sequence[int]) -> tuple[list[int], list[int]]:
         """(train indices, validation indices) of fold `fold`; a UserError for a class smaller than the folds."""
+        if self.num_folds is None:
+            raise RuntimeError("fold_indices needs data.num_folds")
         return fold_split(labels, self.num_folds, self.fold, self.seed, self.class_names)

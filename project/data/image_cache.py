@@ -37,7 +37,7 @@ def default_cache_dir() -> Path:
 
 def file_stamps(files: Sequence[str | Path]) -> list[tuple[int, int]]:
     """(size, mtime in ns) of each file, for files that a scan did not stat already."""
-    return [(st.st_size, st.st_mtime_ns) for st in (f.stat() for f in files)]
+    return [(st.st_size, st.st_mtime_ns) for st in (Path(f).stat() for f in files)]
 
 
 def cache_key(
@@ -50,7 +50,8 @@ def cache_key(
 
 def channel_mean_std(chunks: Iterable[torch.Tensor]) -> tuple[tuple[float, ...], tuple[float, ...]]:
     """Per-channel mean and std in [0, 1] units over uint8 image batches (N, C, H, W), in float64."""
-    total = total_sq = None
+    total: torch.Tensor | None = None
+    total_sq = torch.zeros(())
     n = 0
     for chunk in chunks:
         x = chunk.double() / 255.0
@@ -73,7 +74,8 @@ def sampled_mean_std(
 ) -> tuple[tuple[float, ...], tuple[float, ...]]:
     """Mean and std estimated from a fixed sample of up to 2,000 of `files`, decoded at `size` (for datasets
     decoded per image, without the cache), kept in `cache_dir` under the sample's file list."""
-    sample = [files[i] for i in torch.randperm(len(files), generator=torch.Generator().manual_seed(0))[:2000]]
+    order = torch.randperm(len(files), generator=torch.Generator().manual_seed(0))[:2000].tolist()
+    sample = [files[i] for i in order]
     key = hashlib.sha256("\n".join(map(str, sorted(sample))).encode() + f"{size}".encode()).hexdigest()[:24]
     path = cache_dir / f"stats-{key}.json"
     if path.exists():

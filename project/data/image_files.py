@@ -90,9 +90,9 @@ class ImageFilesDataModule(KFoldMixin, ImageDataModule):
             if has_val:
                 raise UserError(self.folds_with_val_split())
             check_class_counts(train.labels, self.num_folds, train.classes)
-        self._given_stats = (mean, std) if mean is not None and std is not None else None
-        if self._given_stats:
-            self.mean, self.std = mean, std
+        self._given_stats = mean is not None and std is not None
+        if mean is not None and std is not None:
+            self.mean, self.std = tuple(mean), tuple(std)
 
     # -- what a source defines ---------------------------------------------------------------------------------
     def scan(self, split: str) -> LabelledFiles | None:
