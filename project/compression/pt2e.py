@@ -70,7 +70,7 @@ def _only_present_conv_bn_patterns(graph: GraphModule) -> Iterator[None]:
 
     Each pass exports its search patterns with `torch.export` (about a second each) for conv1d, conv2d and
     both transposed convs, on CPU and, when CUDA is available, on CUDA too: 96-192 exports when converting a
-    ResNet. Only the graph's own conv kind and device can match, so the others are skipped (4-8x faster).
+    ResNet. Only the graph's own conv kind and device can match, so the others are skipped.
     """
     from torchao.quantization.pt2e import qat_utils
 

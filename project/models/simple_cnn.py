@@ -1,16 +1,16 @@
-"""`SimpleCNN`: the classic first CIFAR network, exactly as the seed article writes it."""
+"""`SimpleCNN`: the classic first CIFAR network, as introductory tutorials write it."""
 
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 
 class SimpleCNN(nn.Module):
-    """Two conv layers and two linear layers, the network of the template's seed article:
+    """Two conv layers and two linear layers, the first network of many CIFAR tutorials:
 
         Conv2d(3, 32, 3, 1, 1) -> ReLU -> MaxPool2d(2) -> Conv2d(32, 64, 3, 1, 1) -> ReLU -> MaxPool2d(2)
         -> Linear(64 * 8 * 8, 256) -> ReLU -> Linear(256, 10)
 
-    with PyTorch's default initialisation (about 1.07M parameters). The article trains it with Adam (lr 1e-3),
+    with PyTorch's default initialisation (about 1.07M parameters). The usual recipe trains it with Adam (lr 1e-3),
     batch 64 and per-image random crop and flip: `benchmarks/fit_vs_plain.py` is that recipe, side by side with
     `python -m project fit`. On inputs other than 32x32 the features are average-pooled to 8x8 before the
     classifier, so the same network runs on any image size; on 32x32 nothing is added.

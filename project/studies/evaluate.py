@@ -3,7 +3,7 @@
 The model and DataModule are rebuilt from the run's saved `config.yaml` by `fit`'s own parser (so the links,
 the fold and every setting are as in training) and the weights come from the checkpoint (`weights_only`); the
 images are normalised with the mean and std the checkpoint recorded. The model's own `forward` is used, so
-test-time flips and label smoothing count exactly as in `fit`'s `val/acc` and `val/loss`.
+test-time flips and the task's own loss count exactly as in `fit`'s `val/acc` and `val/loss`.
 """
 
 from dataclasses import dataclass
@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from project.errors import UserError
 from project.run.checkpoints import load_checkpoint, load_weights
@@ -109,9 +108,7 @@ def evaluate(best: BestModel, split: str) -> Evaluation:
     for x, y in loader:
         x, y = dm.transform_batch((x.to(device), y.to(device)), train=False)
         logits = model(x).float()
-        loss += float(
-            F.cross_entropy(logits, y, label_smoothing=model.hparams.label_smoothing, reduction="sum")
-        )
+        loss += float(model.loss(logits, y)) * len(y)  # the task's own loss, as `fit` logs val/loss
         probs.append(logits.softmax(1).cpu())
         targets.append(y.cpu())
     if not targets:

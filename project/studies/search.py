@@ -1,7 +1,8 @@
 """Search files: which config keys `tune` searches, over which distributions, for which metric.
 
 A search file is a small YAML of dotted `fit` config keys, each with an Optuna distribution, plus an optional
-`metric` (default `val/acc_best`) and `direction` (`maximize`, or `minimize` for a loss):
+`metric` and `direction` (`maximize`, or `minimize` for a loss); by default the best value of the metric the
+task monitors (`ImageTask.monitor`: `val/acc_best` for `ImageClassifier`), in the task's direction:
 
     metric: val/acc_best
     direction: maximize
@@ -95,8 +96,9 @@ def distribution(spec: Any, where: str) -> Distribution:
         raise UserError(f"{where}: {e}") from None
 
 
-def load_search(path: str | Path) -> SearchSpace:
-    """Read and check a search file; every problem is a UserError naming the file and the key."""
+def load_search(path: str | Path, task: type | None = None) -> SearchSpace:
+    """Read and check a search file; every problem is a UserError naming the file and the key. `task`, the
+    LightningModule class the runs train, gives the default metric and direction."""
     path = Path(path)
     if not path.is_file():
         raise UserError(f"search file {path} does not exist")
@@ -106,8 +108,9 @@ def load_search(path: str | Path) -> SearchSpace:
         raise UserError(f"search file {path} is not valid YAML: {str(e).splitlines()[0]}") from None
     if not isinstance(spec, dict):
         raise UserError(f"search file {path} must be a mapping of config keys to distributions")
-    metric = spec.pop("metric", "val/acc_best")
-    direction = spec.pop("direction", "maximize")
+    monitor, mode = (getattr(task, "monitor", None), getattr(task, "monitor_mode", None))
+    metric = spec.pop("metric", f"{monitor}_best" if monitor else "val/acc_best")
+    direction = spec.pop("direction", "minimize" if mode == "min" else "maximize")
     if not isinstance(metric, str) or "/" not in metric:
         raise UserError(
             f"search file {path}: metric must be a logged metric such as val/acc_best, got {metric!r}"

@@ -21,7 +21,7 @@ from optuna.trial import TrialState
 from project.errors import UserError
 from project.io import check_writable
 from project.run.run_folder import DEFAULT_ROOT_DIR
-from project.studies.pruning import PRUNED_ATTR, STORAGE_ENV, Pruner, make_pruner
+from project.studies.trial_pruning import PRUNED_ATTR, STORAGE_ENV, Pruner, make_pruner
 from project.studies.runner import (
     FitFailed,
     claim_folder,
@@ -184,11 +184,11 @@ def tune(
     ):
         if value < 1:
             raise UserError(f"--{flag} must be at least 1, got {value}")
-    space = load_search(search)
     parser, config = parse_fit_args(fit_args)
-    check_search(fit_args, space)
-    from project.cli.config import build_datamodule
+    from project.cli.config import build_datamodule, task_class
 
+    space = load_search(search, task_class(config.model.class_path))
+    check_search(fit_args, space)
     build_datamodule(config)  # the data's own checks, before any trial
     study_name = study_name or Path(search).stem
     study_dir = Path(config.trainer.default_root_dir or DEFAULT_ROOT_DIR).absolute() / "tune" / study_name
@@ -211,7 +211,7 @@ def tune(
             raise UserError(f"{folder} exists already, from another study of this name: delete {study_dir}")
         trial.set_user_attr("folder", str(folder))
         callback = {
-            "class_path": "project.studies.pruning.TrialPruning",
+            "class_path": "project.studies.trial_pruning.TrialPruning",
             "init_args": {"study_name": study_name, "trial_number": trial.number, "monitor": space.metric}
             | {"pruner": pruner, "startup_trials": pruner_startup_trials, "warmup": pruner_warmup},
         }
