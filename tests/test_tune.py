@@ -22,8 +22,8 @@ from optuna.storages import RetryHeartbeatStaleTrialCallback
 from optuna.trial import TrialState
 
 from project.cli import ProjectCLI, fit_parser, main
-from project.studies.pruning import PRUNED_ATTR, STORAGE_ENV, TrialPruning
 from project.studies.search import as_flags, load_search
+from project.studies.trial_pruning import PRUNED_ATTR, STORAGE_ENV, TrialPruning
 from project.studies.tune import check_search, parse_args, write_study
 from tests.conftest import CONFIGS, ROOT, run_cli, subprocess_env
 from tests.study_runs import tiny_fit_args, tiny_folder
@@ -370,3 +370,24 @@ def test_a_study_killed_in_its_second_trial_finishes_on_rerun_counting_no_trial_
     assert sorted(r["trial"] for r in records if r["state"] == "COMPLETE") == sorted(
         t.number for t in finished
     )
+
+
+def test_the_default_objective_is_the_tasks_monitored_metric(tmp_path):
+    """A search file without `metric` optimises the best value of what the task monitors, in its direction."""
+
+    class Regression:
+        monitor, monitor_mode = "val/mae", "min"
+
+    space_file = tmp_path / "search.yaml"
+    space_file.write_text("model.label_smoothing: {type: float, low: 0.0, high: 0.2}\n")
+    from project.lit import ImageClassifier
+
+    assert (
+        load_search(space_file, ImageClassifier).metric,
+        load_search(space_file, ImageClassifier).direction,
+    ) == (
+        "val/acc_best",
+        "maximize",
+    )
+    space = load_search(space_file, Regression)
+    assert (space.metric, space.direction) == ("val/mae_best", "minimize")
