@@ -1,6 +1,6 @@
-"""`python -m project fit` against the seed article's plain recipe, as whole processes from the command line.
+"""`python -m project fit` against the plain PyTorch recipe, as whole processes from the command line.
 
-Same network (the article's SimpleCNN), same batch (64), same number of training steps, same JPEG folder:
+Same network (SimpleCNN), same batch (64), same number of training steps, same JPEG folder:
 
   template : python -m project fit --config configs/folder.yaml --model.net SimpleCNN --data.image_size 32
              (its defaults: W&B and CSV logging, checkpoints, diagnostics, the warm image cache), training only

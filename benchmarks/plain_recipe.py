@@ -1,4 +1,4 @@
-"""The seed article's recipe as a whole process: its SimpleCNN, Adam (lr 1e-3), batch 64, per-image
+"""The plain PyTorch recipe as a whole process: SimpleCNN, Adam (lr 1e-3), batch 64, per-image
 RandomCrop(32, padding=4) + RandomHorizontalFlip + ToTensor + Normalize in 2 DataLoader workers, and a
 hand-written loop. With `--in-memory`, the compute-only ceiling: the same network, optimizer and batch on
 tensors already in memory, without a loader; `--channels-last` gives it the template's default memory layout
@@ -20,7 +20,7 @@ from benchmarks.common import plain_loader
 
 
 def seed_article_cnn(num_classes: int = 10) -> nn.Module:
-    """The article's network, written as the article writes it (project.models.SimpleCNN is the same)."""
+    """The network, written as introductory tutorials write it (project.models.SimpleCNN is the same)."""
     return nn.Sequential(
         nn.Conv2d(3, 32, 3, 1, 1), nn.ReLU(), nn.MaxPool2d(2),
         nn.Conv2d(32, 64, 3, 1, 1), nn.ReLU(), nn.MaxPool2d(2),
