@@ -20,7 +20,7 @@ class SimpleCNN(nn.Module):
         in_channels: Input channels (3 for RGB).
         width: Channels of the first conv layer; the second has twice as many.
         hidden: Width of the hidden linear layer.
-        kernel_size: Side of the conv kernels (odd; padded to keep the size): 3 in the article, 5 a wider variant.
+        kernel_size: Side of the conv kernels (odd; padded to keep the size): 3 in the classic network, 5 a wider variant.
         dropout: Dropout before the last layer.
     """
 
