@@ -119,3 +119,24 @@ def test_torchscript_falls_back_to_trace_with_a_reason(tmp_path):
 def test_exported_fixture_matches_json(exported):
     meta = json.loads(exported.with_name("model.json").read_text())
     assert set(meta["files"]) == {"onnx"} and meta["files"]["onnx"]["max_abs_diff_vs_eager"] < 1e-4
+
+
+def test_model_json_says_what_the_outputs_mean_as_the_task_recorded_it(tmp_path):
+    """The task records what its outputs mean in every checkpoint; the export's JSON carries it."""
+    from project.export.model_export import export_trained
+    from project.export.preprocessing import Preprocessing
+    from project.export.trained import TrainedModel
+    from project.models import MLP
+
+    pre = Preprocessing((3, 8, 8), (0.5,) * 3, (0.5,) * 3, ("a", "b"))
+    outputs = {
+        "task": "ImageClassifier",
+        "names": ["a", "b"],
+        "outputs": "logits",
+        "decode": "softmax, then the top class",
+    }
+    trained = TrainedModel(
+        MLP(num_classes=2, input_shape=(3, 8, 8), hidden=4).eval(), pre, None, tmp_path / "x.ckpt", outputs
+    )  # type: ignore[arg-type]
+    meta = export_trained(trained, tmp_path / "out", formats=("torchscript",))
+    assert meta["task"] == outputs and meta["output"]["meaning"] == "logits; softmax, then the top class"

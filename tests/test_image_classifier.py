@@ -89,3 +89,17 @@ def test_load_from_checkpoint_without_a_trainer(tmp_path):
     )
     x = torch.randn(2, 3, 32, 32)
     assert torch.equal(restored.eval()(x), model.eval()(x))
+
+
+def test_a_checkpoint_records_what_the_task_monitors_and_what_its_outputs_mean():
+    model = ImageClassifier(SimpleCNN(num_classes=3), num_classes=3, class_names=["a", "b", "c"])
+    checkpoint: dict = {}
+    model.on_save_checkpoint(checkpoint)
+    assert checkpoint["task"] == {
+        "task": "ImageClassifier",
+        "names": ["a", "b", "c"],
+        "outputs": "logits",
+        "decode": "softmax, then the most probable class",
+    }
+    assert checkpoint["monitor_best"] == {"monitor": "val/acc", "value": None}
+    assert (ImageClassifier.monitor, ImageClassifier.monitor_mode) == ("val/acc", "max")

@@ -182,6 +182,9 @@ def export_trained(
     """
     present = claim_output_dir(output_dir, overwrite, (*FILES.values(), METADATA))
     net, pre = trained.net.eval(), trained.preprocessing
+    # The task's account of its outputs (checkpoints written before tasks recorded one are single-label).
+    task = trained.outputs
+    meaning = f"{task['outputs']}; {task['decode']}" if "decode" in task else "logits; softmax gives probabilities"
     meta: dict[str, Any] = {
         "preprocessing": pre.to_dict(),
         "input": {
@@ -197,8 +200,9 @@ def export_trained(
         "output": {
             "name": OUTPUT_NAME,
             "shape": ["batch", pre.num_classes],
-            "meaning": "logits; softmax gives probabilities",
+            "meaning": meaning,
         },
+        "task": trained.outputs,
         "source": {
             "checkpoint": str(trained.ckpt_path),
             "network": type(net).__name__,

@@ -9,7 +9,7 @@ Each tool is a typed Python function; `project.cli.parse_tool_args` makes its co
 signature and docstring, and hands the `--config` files and other flags to the config parser.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -23,12 +23,14 @@ from project.run.checkpoints import load_checkpoint, load_weights
 
 @dataclass
 class TrainedModel:
-    """A network with its trained weights, in eval mode, and what its input must look like."""
+    """A network with its trained weights, in eval mode, what its input must look like, and what its outputs
+    mean (the task's own account, `ImageTask.output_spec`, recorded in the checkpoint)."""
 
     net: nn.Module
     preprocessing: Preprocessing
     config: Namespace
     ckpt_path: Path
+    outputs: dict[str, Any] = field(default_factory=dict)
 
 
 def default_config(ckpt_path: str | Path) -> Path | None:
@@ -110,4 +112,4 @@ def load_trained(
     net = build_net(config, preprocessing.num_classes, preprocessing.input_shape)
     weights = {k.removeprefix("net."): v for k, v in checkpoint["state_dict"].items() if k.startswith("net.")}
     load_weights(net, weights, source=f"checkpoint {ckpt_path}")
-    return TrainedModel(net=net.eval(), preprocessing=preprocessing, config=config, ckpt_path=ckpt_path)
+    return TrainedModel(net.eval(), preprocessing, config, ckpt_path, checkpoint.get("task") or {})
