@@ -86,3 +86,17 @@ def test_no_module_is_longer_than_300_lines():
         str(p): n for p in (ROOT / "project").rglob("*.py") if (n := len(p.read_text().splitlines())) > 300
     }
     assert not long, long
+
+
+def test_the_documented_postgresql_url_has_its_driver_installed():
+    """The README's `--storage postgresql://...` works as written with the `postgres` extra: SQLAlchemy maps the
+    bare URL to psycopg 3, which the extra installs (psycopg2 would not be found)."""
+    import sqlalchemy
+
+    text = (ROOT / "README.md").read_text()
+    urls = re.findall(r"--storage (postgresql[^\s']*)", text)
+    assert urls
+    for url in urls:
+        dialect = sqlalchemy.engine.make_url(url).get_dialect()
+        assert dialect.driver == "psycopg", (url, dialect.driver)
+        dialect.import_dbapi()  # the driver itself is installed
