@@ -1,4 +1,4 @@
-"""`EffectiveBatchSize`: resolves `data.global_batch_size` for the run and reports the effective batch size."""
+"""`EffectiveBatchSize`: reports how many samples each optimizer step sees."""
 
 import lightning as L
 from lightning.pytorch.callbacks import Callback
@@ -9,16 +9,10 @@ class EffectiveBatchSize(Callback):
     """Prints, once (rank 0), how many samples each optimizer step sees, and where that number comes from.
 
     The number that matters for the learning rate is per-device batch x processes x accumulated batches, and
-    it changes silently when a run moves from one GPU to eight, or gains `accumulate_grad_batches`. When the
-    DataModule has a `global_batch_size`, this callback derives the per-device batch size from it as soon as
-    the world size is known (before any loader is built), so a size that does not divide fails before
-    training starts.
+    it changes silently when a run moves from one GPU to eight, or gains `accumulate_grad_batches`. The
+    per-device batch is the training loader's, which the DataModule derives from its `global_batch_size` when
+    that is set (an error there, before the first step, when it does not divide).
     """
-
-    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        datamodule = trainer.datamodule
-        if hasattr(datamodule, "resolve_batch_size"):
-            datamodule.resolve_batch_size(trainer.world_size, trainer.accumulate_grad_batches)
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         per_device = getattr(trainer.train_dataloader, "batch_size", None)

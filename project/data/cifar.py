@@ -83,10 +83,11 @@ class CIFARDataModule(KFoldMixin, ImageDataModule):
         self.val_size = val_size
         self.trivial_augment = trivial_augment
         self.dataset_cls, self.archive, self.mean, self.std = _DATASETS[name]
+        self._classes: list[str] = list(_CLASSES[name])
 
     @property
     def class_names(self) -> list[str]:
-        return _CLASSES[self.name]
+        return self._classes
 
     @property
     def input_shape(self) -> tuple[int, int, int]:
@@ -141,7 +142,7 @@ class CIFARDataModule(KFoldMixin, ImageDataModule):
             perm = torch.randperm(len(images), generator=torch.Generator().manual_seed(self.seed))
             val_idx, train_idx = perm[: self.val_size], perm[self.val_size :]
             if self.num_folds is not None:  # and the statistics of the training folds, not of all 50,000
-                train_idx, val_idx = map(torch.tensor, self.fold_indices(targets))
+                train_idx, val_idx = map(torch.tensor, self.fold_indices(targets.tolist()))
                 self.mean, self.std = channel_mean_std(images[train_idx].split(4096))
             sample_transform = v2.TrivialAugmentWide() if self.trivial_augment else None
             self.train_set = TensorImageDataset(images, targets, train_idx, sample_transform=sample_transform)

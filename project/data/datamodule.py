@@ -9,6 +9,7 @@ from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
 from project.data.augment import alternating_flip, cutout, normalize, random_crop, random_flip
+from project.data.samplers import ResumableLoader, ResumableSampler, ShardSampler, run_seed
 from project.data.tensor_dataset import TensorImageDataset, keep_as_is
 from project.errors import UserError
 
@@ -16,6 +17,23 @@ from project.errors import UserError
 def available_cpus() -> int:
     """CPUs this process may run on (respects taskset/cgroups, unlike os.cpu_count)."""
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def per_device_batch_size(
+    batch_size: int, global_batch_size: int | None, world_size: int, accumulate_grad_batches: int
+) -> int:
+    """Samples per batch on each device: `global_batch_size` split over processes and accumulated batches when
+    it is set, else `batch_size`. A global size that does not split evenly is an error."""
+    if global_batch_size is None:
+        return batch_size
+    parts = world_size * accumulate_grad_batches
+    if global_batch_size % parts:
+        raise UserError(
+            f"data.global_batch_size={global_batch_size} does not divide into {world_size} process(es) x "
+            f"{accumulate_grad_batches} accumulated batch(es) = {parts} equal per-device batches; choose a "
+            f"multiple of {parts}, or set the per-device data.batch_size instead"
+        )
+    return global_batch_size // parts
 
 
 class ImageDataModule(L.LightningDataModule):
@@ -27,7 +45,8 @@ class ImageDataModule(L.LightningDataModule):
     one. Prediction batches carry each sample's index instead of a label.
 
     Args:
-        batch_size: Samples per batch, per device (ignored when `global_batch_size` is set).
+        batch_size: Samples per batch, per device (ignored when `global_batch_size` is set). Reading
+            `batch_size` gives the per-device size the run uses, derived from `global_batch_size` if set.
         global_batch_size: Samples per optimizer step over all devices, nodes and accumulated batches. When
             set, the per-device batch size is derived from it: global / (devices x nodes x
             accumulate_grad_batches), so the same recipe optimises identically on 1 GPU or 64. A size that
@@ -92,7 +111,7 @@ class ImageDataModule(L.LightningDataModule):
         self.persistent_workers = persistent_workers
         self.prefetch_factor = prefetch_factor
         self.crop_padding = crop_padding
-        self.crop_padding_mode = crop_padding_mode
+        self.crop_padding_mode: Literal["constant", "reflect"] = crop_padding_mode
         self.flip = flip
         self.cutout = cutout
         self.seed = seed
@@ -119,50 +138,67 @@ class ImageDataModule(L.LightningDataModule):
         raise NotImplementedError
 
     # -- loaders --------------------------------------------------------------------------------------------
-    def resolve_batch_size(self, world_size: int, accumulate_grad_batches: int = 1) -> int:
-        """Sets and returns the per-device `batch_size`, derived from `global_batch_size` when that is set."""
-        if self.global_batch_size is None:
-            return self.batch_size
-        parts = world_size * accumulate_grad_batches
-        if self.global_batch_size % parts:
-            raise UserError(
-                f"data.global_batch_size={self.global_batch_size} does not divide into {world_size} process(es) x "
-                f"{accumulate_grad_batches} accumulated batch(es) = {parts} equal per-device batches; choose a "
-                f"multiple of {parts}, or set the per-device data.batch_size instead"
-            )
-        self.batch_size = self.global_batch_size // parts
-        return self.batch_size
+    @property
+    def batch_size(self) -> int:
+        """The per-device batch size of this run: derived from `global_batch_size` when that is set (an error
+        when it does not divide), else the configured one."""
+        world_size, accumulate = self._world()[0], self._accumulation()
+        return per_device_batch_size(self._batch_size, self.global_batch_size, world_size, accumulate)
+
+    @batch_size.setter
+    def batch_size(self, value: int) -> None:  # the configured size (the batch-size finder sets it too)
+        self._batch_size = value
+
+    def _world(self) -> tuple[int, int]:
+        """(processes, this process's global rank); (1, 0) outside a Trainer."""
+        trainer = self.trainer
+        return (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
+
+    def _accumulation(self) -> int:
+        return self.trainer.accumulate_grad_batches if self.trainer is not None else 1
 
     def _loader(self, dataset: Dataset | None, split: str, train: bool = False) -> DataLoader:
         if dataset is None:
             raise RuntimeError(f"{type(self).__name__}: the {split} split is not set up; call setup() first")
-        if self.trainer is not None:
-            self.resolve_batch_size(self.trainer.world_size, self.trainer.accumulate_grad_batches)
+        batch_size = self.batch_size
+        world_size, rank = self._world()
         in_memory = isinstance(dataset, TensorImageDataset) and dataset.sample_transform is None
         if in_memory and self.on_device and self.trainer is not None:
+            assert isinstance(dataset, TensorImageDataset)  # in_memory says so
             dataset.to(self.trainer.strategy.root_device)
         workers = self.num_workers
         if workers is None:
             workers = 0 if in_memory else min(8, available_cpus())
         batched = isinstance(dataset, TensorImageDataset)
-        return DataLoader(
-            dataset,
-            batch_size=self.batch_size,
-            shuffle=train,
-            # Full batches only (stable BatchNorm statistics, no recompiles), unless the split is smaller.
-            drop_last=train and len(dataset) >= self.batch_size,
+        settings: dict[str, Any] = dict(
+            batch_size=batch_size,
             num_workers=workers,
             collate_fn=keep_as_is if batched else None,
             pin_memory=self.pin_memory and not (in_memory and self.on_device),
             persistent_workers=self.persistent_workers and workers > 0,
             prefetch_factor=self.prefetch_factor if workers > 0 else None,
+            # Workers' seeds come from here, not from a draw of the global generator, whose sequence of draws
+            # (augmentation, dropout) must not depend on when loaders are created (a resume creates them anew).
+            generator=torch.Generator().manual_seed(run_seed()),
         )
+        if not train:
+            # Each process evaluates its own whole batches, no sample twice: metrics over all processes are
+            # those of one process.
+            return DataLoader(
+                dataset, sampler=ShardSampler(dataset, batch_size, world_size, rank), **settings
+            )
+        # Full batches only (stable BatchNorm statistics, no recompiles), unless the split is smaller.
+        drop_last = len(dataset) >= batch_size * world_size  # pyright: ignore[reportArgumentType]
+        sampler = ResumableSampler(dataset, world_size, rank, shuffle=True, seed=run_seed())
+        return ResumableLoader(dataset, sampler, drop_last=drop_last, **settings)
 
     def train_dataloader(self) -> DataLoader:
         if self.flip == "alternate":  # each image's row rides along with it, for its flip to follow it
             if not isinstance(self.train_set, TensorImageDataset):
                 raise UserError("data.flip alternate needs the images in memory: CIFAR, or data.cache true")
             self.train_set.return_rows = True
+        if isinstance(self.train_set, TensorImageDataset):
+            self.train_set.seed = run_seed()  # per-image random transforms follow the run's seed
         return self._loader(self.train_set, "train", train=True)
 
     def val_dataloader(self) -> DataLoader:
@@ -189,7 +225,10 @@ class ImageDataModule(L.LightningDataModule):
                 x = random_flip(x)
         key = (x.device, tuple(self.mean), tuple(self.std))
         if key not in self._norm_cache:  # two tiny host-to-device copies: once, not per batch
-            self._norm_cache[key] = tuple(torch.tensor(v, device=x.device) for v in key[1:])
+            self._norm_cache[key] = (
+                torch.tensor(key[1], device=x.device),
+                torch.tensor(key[2], device=x.device),
+            )
         x = normalize(x, *self._norm_cache[key])
         if train:
             x = cutout(x, self.cutout)
@@ -199,9 +238,10 @@ class ImageDataModule(L.LightningDataModule):
         # The model summary's example_input_array comes as one float tensor, ready for the network.
         if not isinstance(batch, tuple | list):
             return batch
-        training = self.trainer is not None and self.trainer.training
-        epoch = self.trainer.current_epoch if training else 0
-        return self.transform_batch(batch, train=training, epoch=epoch)
+        trainer = self.trainer
+        training = trainer is not None and trainer.training
+        epoch = trainer.current_epoch if trainer is not None and training else 0
+        return self.transform_batch(tuple(batch), train=training, epoch=epoch)
 
     def state_dict(self) -> dict[str, Any]:
         # Stored in checkpoints: evaluating or predicting from one normalises exactly as training did.

@@ -1,5 +1,6 @@
 """A dataset held in memory as one uint8 tensor, read a whole batch at a time."""
 
+import zlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -21,11 +22,16 @@ class TensorImageDataset(Dataset):
         targets: (N,) labels, or None to yield each sample's index instead (prediction).
         indices: Optional subset of rows (a train/val split) without copying the images.
         sample_transform: Optional per-image transform on uint8 (C, H, W) tensors, e.g. TrivialAugmentWide;
-            it runs in the DataLoader workers.
+            it runs in the DataLoader workers. Its random draws come from a generator seeded per batch from
+            `seed` and the batch's rows in order, so they are the same with any number of workers and after a
+            resume (the process's own generator is left as it was).
 
     Set `return_rows` to get `(images, targets, rows)` batches: each image's row in `images`, which stays the
     same across epochs and splits (augmentations that follow an image from epoch to epoch need it).
     """
+
+    #: Seed of the per-batch random draws of `sample_transform`.
+    seed: int = 0
 
     def __init__(
         self,
@@ -62,12 +68,20 @@ class TensorImageDataset(Dataset):
         else:
             x = self.images[rows]
         if self.sample_transform is not None:
-            x = torch.stack([self.sample_transform(img) for img in x])
+            with torch.random.fork_rng(devices=[]):  # transforms draw from the global CPU generator
+                torch.manual_seed(batch_seed(self.seed, rows))
+                x = torch.stack([self.sample_transform(img) for img in x])
         y = self.targets[rows] if self.targets is not None else rows
         return (x, y, rows) if self.return_rows else (x, y)
 
     def __getitem__(self, position: int) -> tuple[Tensor, ...]:
         return tuple(t[0] for t in self.__getitems__([position]))
+
+
+def batch_seed(seed: int, rows: Tensor) -> int:
+    """A seed for one batch's random draws: a function of `seed` and the batch's rows in their order (an epoch's
+    shuffle gives every batch its own)."""
+    return zlib.crc32(rows.cpu().numpy().tobytes(), seed & 0xFFFFFFFF)
 
 
 def keep_as_is(batch: Any) -> Any:

@@ -8,7 +8,7 @@ shows every segment), saves uncommitted changes as `code-N.patch`, records the s
 W&B run's config: `run_info`) and in every checkpoint (`checkpoint["run_info"]`, with the W&B run id that
 `--ckpt_path last` resumes).
 
-`RNGState` carries the global random generators in every checkpoint. Lightning restores the model, optimizer,
+`RNGState` carries every process's global random generators in every checkpoint. Lightning restores the model, optimizer,
 schedulers, loops and callbacks on resume, but not the generators: a resumed run would restart them from
 `seed_everything` and shuffle and augment the next epochs differently from the run it continues.
 """
@@ -30,7 +30,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.cli import SaveConfigCallback
 from lightning.pytorch.loggers import WandbLogger
-from lightning.pytorch.utilities.rank_zero import rank_zero_only
+from lightning.pytorch.utilities import rank_zero_only
 
 from project.io import atomic_write_text
 
@@ -175,7 +175,8 @@ def _read_entries(folder: Path) -> list[dict[str, Any]]:
 def collect_rng_states() -> dict[str, Any]:
     """torch (CPU and CUDA), numpy and Python generator states, as tensors and plain values only, so the
     checkpoint still loads with `weights_only=True`."""
-    kind, keys, pos, has_gauss, gauss = np.random.get_state()
+    kind, keys, pos, has_gauss, gauss = np.random.get_state(legacy=True)
+    assert isinstance(keys, np.ndarray)  # the legacy tuple: ("MT19937", keys, pos, has_gauss, gauss)
     version, state, python_gauss = random.getstate()
     return {
         "torch": torch.get_rng_state(),
@@ -204,27 +205,40 @@ def set_rng_states(states: dict[str, Any]) -> None:
     random.setstate((p["version"], tuple(p["state"]), p["gauss"]))
 
 
+def gather_by_rank(states: dict[str, Any]) -> dict[int, dict[str, Any]]:
+    """Every process's `states`, keyed by global rank (a collective: every process calls it at the same point)."""
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return {0: states}
+    gathered: list[Any] = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(gathered, states)
+    return dict(enumerate(gathered))
+
+
 class RNGState(Callback):
-    """Saves the global RNG states in each checkpoint; restores them when training resumes from one.
+    """Saves every process's global RNG states in each checkpoint; each restores its own when training resumes.
 
     The states are applied at `on_fit_start`: after the model is built and the checkpoint is read, and before
-    Lightning creates the first training iterator (which draws the shuffling seed from the global generator),
-    with nothing random in between (the sanity check runs in `isolate_rng`). A run resumed from an
-    end-of-epoch checkpoint then shuffles and augments exactly like the uninterrupted run. From a mid-epoch
-    checkpoint, the rest of that epoch is a fresh shuffle (the DataLoader is not resumable mid-epoch). With
-    several processes, each restores the state saved by rank 0.
+    Lightning creates the first training iterator, with nothing random in between (the sanity check runs in
+    `isolate_rng`; loaders seed their workers from a generator of their own and the training order is a
+    function of the seed and the epoch, see `project.data.samplers`). The on-device augmentation draws from
+    the global generator of the batch's device (CPU, or each CUDA device's), which these states include, so a
+    resumed run draws exactly the numbers the uninterrupted run draws, in the same order. A process whose rank
+    the checkpoint has no state for (a run continued on more processes) takes rank 0's.
     """
 
     def __init__(self) -> None:
         self._pending: dict[str, Any] | None = None
 
     def state_dict(self) -> dict[str, Any]:
-        return collect_rng_states()
+        # Lightning asks every process for its callbacks' states as it writes a checkpoint (rank 0 writes it).
+        return {"ranks": gather_by_rank(collect_rng_states())}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._pending = state_dict
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if self._pending is not None:
-            set_rng_states(self._pending)
-            self._pending = None
+        if self._pending is None:
+            return
+        by_rank = self._pending.get("ranks", {0: self._pending})  # a checkpoint from before per-rank states
+        set_rng_states(by_rank.get(trainer.global_rank, by_rank[0]))
+        self._pending = None
