@@ -5,6 +5,7 @@ from typing import Any, Literal
 
 import lightning as L
 import torch
+from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
@@ -43,6 +44,13 @@ class ImageDataModule(L.LightningDataModule):
     device, `on_after_batch_transfer` augments training batches (random crop with padding, horizontal
     flip, optional Cutout: independent per image) and normalises every batch, on the GPU when there is
     one. Prediction batches carry each sample's index instead of a label.
+
+    The training order is a permutation per epoch drawn from the run's seed and the epoch, dealt to the
+    processes by the loader itself, and its position is saved in every checkpoint: a run stopped in the
+    middle of an epoch continues with exactly the batches it would have drawn (see `project.data.samplers`).
+    Validation, test and prediction give each process its own whole batches, every sample exactly once
+    (with DDP; a sharded model needs the same number of batches on every process, which Lightning's sampler
+    pads with repeated samples).
 
     Args:
         batch_size: Samples per batch, per device (ignored when `global_batch_size` is set). Reading
@@ -157,6 +165,17 @@ class ImageDataModule(L.LightningDataModule):
     def _accumulation(self) -> int:
         return self.trainer.accumulate_grad_batches if self.trainer is not None else 1
 
+    def _uneven_shards_ok(self, samples: int, batch_size: int) -> bool:
+        """Whether the processes may evaluate different numbers of batches. Not with a sharded model (FSDP,
+        ModelParallelStrategy, DeepSpeed), whose every forward pass is a collective of all processes, nor when
+        a process would get no batch at all (DDP's first forward pass in evaluation broadcasts buffers)."""
+        world_size = self._world()[0]
+        if world_size == 1 or self.trainer is None:
+            return True
+        strategy = self.trainer.strategy
+        replicated = isinstance(strategy, DDPStrategy) and not isinstance(strategy, DeepSpeedStrategy)
+        return replicated and -(-samples // batch_size) >= world_size
+
     def _loader(self, dataset: Dataset | None, split: str, train: bool = False) -> DataLoader:
         if dataset is None:
             raise RuntimeError(f"{type(self).__name__}: the {split} split is not set up; call setup() first")
@@ -182,11 +201,12 @@ class ImageDataModule(L.LightningDataModule):
             generator=torch.Generator().manual_seed(run_seed()),
         )
         if not train:
+            if not self._uneven_shards_ok(len(dataset), batch_size):  # pyright: ignore[reportArgumentType]
+                return DataLoader(dataset, **settings)  # Lightning shards it, padding with repeated samples
             # Each process evaluates its own whole batches, no sample twice: metrics over all processes are
             # those of one process.
-            return DataLoader(
-                dataset, sampler=ShardSampler(dataset, batch_size, world_size, rank), **settings
-            )
+            sampler = ShardSampler(dataset, batch_size, world_size, rank)
+            return DataLoader(dataset, sampler=sampler, **settings)
         # Full batches only (stable BatchNorm statistics, no recompiles), unless the split is smaller.
         drop_last = len(dataset) >= batch_size * world_size  # pyright: ignore[reportArgumentType]
         sampler = ResumableSampler(dataset, world_size, rank, shuffle=True, seed=run_seed())
