@@ -132,7 +132,8 @@ def test_a_fit_imports_the_core_and_no_optional_extra(tmp_path):
 
 FIT_CORE = set(
     """
-    project project.callbacks project.callbacks.checkpoint project.callbacks.diagnostics
+    project project.callbacks project.callbacks.budget_end_validation project.callbacks.checkpoint
+    project.callbacks.diagnostics
     project.callbacks.diagnostics.data_wait project.callbacks.diagnostics.grad_norm
     project.callbacks.diagnostics.nonfinite project.callbacks.diagnostics.wandb_dashboard
     project.callbacks.effective_batch_size project.callbacks.prediction_writer project.cli project.cli.config

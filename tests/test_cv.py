@@ -18,8 +18,9 @@ from project.cli import main, split_args
 from project.data import CIFARDataModule, ImageFolderDataModule
 from project.data.folds import fold_split, stratified_folds
 from project.data.image_cache import channel_mean_std
-from project.studies.cv import fold_numbers, parse_args, summarize
-from project.studies.runner import claim_folder
+from project.errors import UserError
+from project.studies.cv import continues_alike, fold_numbers, parse_args, summarize
+from project.studies.runner import SETTINGS_FILE, claim_folder
 from tests.conftest import run_cli
 from tests.study_runs import tiny_fit_args, tiny_folder
 from tests.wandb_reader import read_records, read_run
@@ -135,6 +136,74 @@ def test_a_rerun_with_other_settings_names_the_first_difference(tmp_path):
         )
 
 
+def _study(tmp_path: Path, trained: tuple[int, ...] = (), finished: tuple[int, ...] = ()) -> Path:
+    """A study folder started with max_steps 5, whose folds `trained` have a checkpoint, `finished` a result."""
+    study = tmp_path / "cv" / "folder"
+    claim_folder(study, _settings(max_steps=5), "the cross-validation", "--name")
+    for k in trained:
+        (study / f"fold_{k}" / "runs" / "version_0" / "checkpoints").mkdir(parents=True)
+        (study / f"fold_{k}" / "runs" / "version_0" / "checkpoints" / "last.ckpt").write_text("")
+    for k in finished:
+        (study / f"fold_{k}").mkdir(parents=True, exist_ok=True)
+        (study / f"fold_{k}" / "fold_result.json").write_text("{}")
+    return study
+
+
+def _settings(folds: int = 3, **trainer: object) -> dict:
+    return {"folds": folds, "fit": {"trainer": {"max_steps": 5, "limit_val_batches": 1.0} | trainer}}
+
+
+def _rerun(study: Path, settings: dict) -> None:
+    claim_folder(study, settings, "the cross-validation", "--name", accept_change=continues_alike(study))
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [_settings(max_steps=2), _settings(limit_val_batches=0.5), _settings(folds=4)],
+)
+def test_a_study_no_fold_of_which_trained_takes_the_corrected_settings(settings, tmp_path):
+    study = _study(tmp_path)
+    (study / "fold_0").mkdir()  # a fold folder without a checkpoint: nothing trained yet
+    _rerun(study, settings)
+    assert json.loads((study / SETTINGS_FILE).read_text()) == settings
+    _rerun(study, settings)  # and continues under them
+
+
+def test_trained_folds_continue_under_a_longer_training_only(tmp_path):
+    study = _study(tmp_path, trained=(0, 2))
+    _rerun(study, _settings(max_steps=7, max_epochs=None))  # longer: fit continues their runs
+    assert json.loads((study / SETTINGS_FILE).read_text()) == _settings(max_steps=7, max_epochs=None)
+    for settings, key in [
+        (_settings(max_steps=3), r"trainer.max_steps=7, this command has 3"),  # shorter: they trained past it
+        (
+            _settings(max_steps=7, limit_val_batches=0.5),
+            r"trainer.limit_val_batches=1.0, this command has 0.5",
+        ),
+        (_settings(folds=4, max_steps=7), r"folds=3, this command has 4"),
+    ]:
+        with pytest.raises(UserError) as error:
+            _rerun(study, settings)
+        assert re.search(
+            rf"^the cross-validation {study} was started with {key}, and fold_0, fold_2 trained with the "
+            rf"recorded settings already \(no fold has finished\): delete {study}/fold_0 {study}/fold_2 to "
+            "train them anew",
+            str(error.value),
+        ), error.value
+    assert json.loads((study / SETTINGS_FILE).read_text())["fit"]["trainer"]["max_steps"] == 7
+
+
+def test_once_a_fold_finished_no_setting_may_change(tmp_path):
+    study = _study(tmp_path, trained=(0, 1), finished=(0,))
+    for settings in (_settings(max_steps=9), _settings(limit_val_batches=0.5)):
+        with pytest.raises(
+            UserError, match=r", and fold_0 finished with the recorded settings: rerun it with"
+        ) as e:
+            _rerun(study, settings)
+        assert str(e.value).endswith(f"or delete {study} to start over with the new ones")
+    _rerun(study, _settings())  # the recorded settings continue it
+    assert json.loads((study / SETTINGS_FILE).read_text()) == _settings()
+
+
 def _one_error_line(args: list[str], capsys) -> str:
     with pytest.raises(SystemExit) as exit_info:
         main(["cv", *args])
@@ -152,6 +221,21 @@ def _one_error_line(args: list[str], capsys) -> str:
         (["--folds", "3", "--ckpt_path", "last"], r"^error: --ckpt_path is set by the study for every run"),
         (["--folds", "3", "--model.nott_a_key", "1"], r"^error: .*nott_a_key"),
         (["--folds", "3", "--data.val_fraction", "2"], r"^error: data.val_fraction must be in \(0, 1\)"),
+        # Settings under which no fold could produce its result: named before the first fold trains.
+        (
+            ["--trainer.limit_val_batches", "0"],
+            r"^error: trainer.limit_val_batches=0: the runs would never valid",
+        ),
+        (
+            ["--trainer.check_val_every_n_epoch", "3"],
+            r"^error: trainer.check_val_every_n_epoch=3 with trainer.max_epochs=2: the runs would never valid",
+        ),
+        (
+            ["--trainer.enable_checkpointing", "false"],
+            r"^error: trainer.enable_checkpointing=False writes no checkpoints: the cross-validation evaluates",
+        ),
+        (["--checkpoint.save_last", "false"], r"^error: checkpoint.save_last=False writes no last.ckpt"),
+        (["--checkpoint.save_top_k", "0"], r"^error: checkpoint.save_top_k=0 keeps no best checkpoint"),
     ],
 )
 def test_bad_input_is_one_line_before_any_fold_runs(extra, expected, tmp_path, capsys):
@@ -252,3 +336,15 @@ def test_cv_killed_in_its_last_fold_resumes_it_and_skips_the_finished_ones(tmp_p
     (summary_dir,) = [p.parent for p, r in runs.items() if r.job_type == "cv-summary"]
     logged = read_run(summary_dir, finished=True)["history"][0]
     assert logged["cv/folds/_type"] == "table-file" and logged["cv/folds/nrows"] == 3
+
+
+@pytest.mark.slow
+def test_a_cv_whose_folds_end_by_max_steps_within_an_epoch_completes(tmp_path):
+    data = tiny_folder(tmp_path / "images")  # 2 folds: 13 or 14 training images, 3 batches of 4 an epoch
+    flags = ["--trainer.max_steps", "1", "--data.batch_size", "4", "--trainer.logger", "false"]
+    args = ["cv", *tiny_fit_args(data, tmp_path, *flags)]
+    run_cli(*args, "--folds", "2", "--wandb", "false", cwd=tmp_path)
+    results = json.loads((tmp_path / "logs" / "cv" / "folder" / "cv_results.json").read_text())
+    assert [(f["fold"], f["epoch"]) for f in results["folds"]] == [(0, 0), (1, 0)]
+    for f in results["folds"]:  # each fold's best is the validation at its one step
+        assert f["val/acc"] == pytest.approx(f["monitored_best"], abs=1e-6)

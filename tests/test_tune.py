@@ -391,3 +391,49 @@ def test_the_default_objective_is_the_tasks_monitored_metric(tmp_path):
     )
     space = load_search(space_file, Regression)
     assert (space.metric, space.direction) == ("val/mae_best", "minimize")
+
+
+@pytest.mark.parametrize(
+    ("extra", "expected"),
+    [
+        (
+            ["--trainer.limit_val_batches", "0"],
+            r"^error: trainer.limit_val_batches=0: the runs would never valid",
+        ),
+        (
+            ["--trainer.max_epochs", "2", "--trainer.check_val_every_n_epoch", "5"],
+            r"^error: trainer.check_val_every_n_epoch=5 with trainer.max_epochs=2: .*no run of the study would "
+            r"produce its val/acc_best$",
+        ),
+    ],
+)
+def test_settings_that_never_validate_are_one_line_before_any_trial(extra, expected, tmp_path, capsys):
+    data = tiny_folder(tmp_path / "images")
+    search = tmp_path / "lr.yaml"
+    search.write_text(GOOD)
+    line = _one_error_line([*tiny_fit_args(data, tmp_path, *extra), "--search", str(search)], capsys)
+    assert re.search(expected, line), line
+    assert not (tmp_path / "logs").exists()  # no study was started
+
+
+@pytest.mark.slow
+def test_a_trial_whose_max_steps_ends_within_an_epoch_completes(tmp_path):
+    data = tiny_folder(tmp_path / "images")  # 3 training batches an epoch
+    search = tmp_path / "lr.yaml"
+    search.write_text(GOOD)
+    fit_args = tiny_fit_args(data, tmp_path, "--trainer.max_steps", "2", "--trainer.logger", "false")
+    run_cli(
+        "tune",
+        *fit_args,
+        "--search",
+        search,
+        "--n_trials",
+        "1",
+        "--pruner",
+        "none",
+        "--wandb",
+        "false",
+        cwd=tmp_path,
+    )
+    (trial,) = _study(tmp_path, "lr").get_trials()
+    assert trial.state == TrialState.COMPLETE and len(trial.intermediate_values) == 1

@@ -33,6 +33,7 @@ import project.callbacks  # noqa: F401
 import project.models  # noqa: F401
 from project import SUBCOMMANDS, TOOLS, USAGE, print_commands
 from project.callbacks import EffectiveBatchSize
+from project.callbacks.budget_end_validation import BudgetEndValidation
 from project.cli.config import (
     SEED,
     TRAINER_DEFAULTS,
@@ -175,6 +176,7 @@ class ProjectCLI(LightningCLIWithTrainerHook):
                 RunInfo(self.plan.settings),
                 LogsBeforeCheckpoints(),
                 CtrlCStopsAfterTheBatch(),
+                BudgetEndValidation(),
             ]
         return callbacks
 

@@ -7,10 +7,25 @@ the same command, skips the folds whose `fold_result.json` exists and resumes th
 evaluated here on its validation fold: `val/acc`, `val/loss` and the accuracy of every class, from exactly the
 model that checkpoint holds. Once every fold is complete, the summary (mean and sample standard deviation over
 the folds) is written beside them as `cv_results.md` and `cv_results.json` and logged to W&B.
+
+The study folder records the settings it was started with (`settings.json`). A rerun with other settings may
+continue the study only where that leaves every fold trained alike, so the folds stay comparable:
+
+- once a fold has finished (its `fold_result.json` exists), no setting may change: rerun with the recorded
+  settings, or delete the study folder to start over;
+- before any fold has finished, the new settings replace the recorded ones when the folds that have trained
+  already (those with a checkpoint) can continue under them: only the length of training differs and none of
+  it is shorter (`trainer.max_epochs`, `max_steps`, `max_time`, as `fit --ckpt_path last` allows). Otherwise
+  the error names those fold folders: deleting them trains them anew with the new settings.
+
+Settings that keep a fold from producing its result (no validation, no best checkpoint, no `last.ckpt`) are
+refused before the first fold trains.
 """
 
 import json
+import math
 import statistics
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,9 +34,11 @@ import yaml
 
 from project.errors import UserError, warn
 from project.io import atomic_write_text
+from project.run.resume import MAY_CHANGE
 from project.run.run_folder import DEFAULT_ROOT_DIR
 from project.studies.evaluate import evaluate, load_best
 from project.studies.runner import (
+    check_produces_metric,
     claim_folder,
     config_stem,
     folder_lock,
@@ -30,12 +47,15 @@ from project.studies.runner import (
     parse_fit_args,
     read_json,
     run_fit,
+    setting_name,
     wandb_env,
     write_results,
 )
 
 RESULT_FILE = "fold_result.json"
 METRICS = ("val/acc", "val/loss")
+#: The recorded settings (flattened) that say how long each fold trains.
+LENGTH = tuple(f"fit.{key}" for key in MAY_CHANGE if key.startswith("trainer."))
 
 
 def fold_numbers(folds: int, folds_to_run: str | None) -> list[int]:
@@ -54,6 +74,48 @@ def fold_numbers(folds: int, folds_to_run: str | None) -> list[int]:
     if outside or not chosen:
         raise UserError(f"--folds_to_run {folds_to_run}: folds are numbered 0 to {folds - 1}")
     return chosen
+
+
+def _budget(value: Any) -> float:
+    """A training length as a number to compare (unset: unlimited; a form not understood: NaN, never longer)."""
+    if value is None or value == -1:
+        return math.inf
+    if isinstance(value, str):  # max_time as DD:HH:MM:SS
+        try:
+            days, hours, minutes, seconds = map(int, value.split(":"))
+        except ValueError:
+            return math.nan
+        return ((days * 24 + hours) * 60 + minutes) * 60 + seconds
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else math.nan
+
+
+def continues_alike(study_dir: Path) -> Callable[[dict[str, Any], dict[str, Any], list[str]], None]:
+    """claim_folder's `accept_change` for a cross-validation: the rule in this module's docstring."""
+
+    def accept(before: dict[str, Any], now: dict[str, Any], changed: list[str]) -> None:
+        def differs(key: str) -> str:
+            was, has = before.get(key), now.get(key)
+            return f"the cross-validation {study_dir} was started with {setting_name(key)}={was!r}, this command has {has!r}"
+
+        folds = sorted(study_dir.glob("fold_*"), key=lambda p: p.name)
+        finished = [p.name for p in folds if (p / RESULT_FILE).exists()]
+        if finished:
+            raise UserError(
+                f"{differs(changed[0])}, and {', '.join(finished)} finished with the recorded settings: rerun it "
+                f"with them to continue it, or delete {study_dir} to start over with the new ones"
+            )
+        trained = [p for p in folds if any(p.rglob("*.ckpt"))]
+        blocking = [
+            k for k in changed if k not in LENGTH or not _budget(now.get(k)) >= _budget(before.get(k))
+        ]
+        if trained and blocking:
+            raise UserError(
+                f"{differs(blocking[0])}, and {', '.join(p.name for p in trained)} trained with the recorded "
+                f"settings already (no fold has finished): delete {' '.join(map(str, trained))} to train them anew "
+                "with the new ones, or rerun with the recorded settings"
+            )
+
+    return accept
 
 
 def fold_result(fold_dir: Path, fold: int) -> dict[str, Any]:
@@ -153,8 +215,11 @@ def cv(
             f"{config.data.class_path} has no num_folds/fold arguments: it cannot be cross-validated"
         )
     _, config = parse_fit_args([*fit_args, *fold_flags, "0"])
-    from project.cli.config import build_datamodule
+    from project.cli.config import build_datamodule, task_class
 
+    task = task_class(config.model.class_path)
+    monitor = config.checkpoint.get("monitor") or getattr(task, "monitor", "monitored metric")
+    check_produces_metric(config, "the cross-validation", monitor, needs_best_checkpoint=True)
     datamodule = build_datamodule(config)  # the data's checks (class counts, a val folder) before any fold
     # Class folders may lack `root/test` (testing then falls back to validation); CIFAR's is the official one.
     if test_ensemble and getattr(datamodule, "test_dir", True) is None:
@@ -167,6 +232,7 @@ def cv(
         {"folds": folds, "fit": yaml.safe_load(parser.dump(config))},
         "the cross-validation",
         "--name",
+        accept_change=continues_alike(study_dir),
     )
     for k in to_run:
         fold_dir = study_dir / f"fold_{k}"

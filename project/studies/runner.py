@@ -53,6 +53,41 @@ def config_stem(fit_args: Sequence[str], default: str) -> str:
     return Path(configs[-1]).stem if configs else default
 
 
+# -- checks before any fit ----------------------------------------------------------------------------------
+def check_produces_metric(config: Namespace, what: str, metric: str, needs_best_checkpoint: bool) -> None:
+    """A UserError naming the first setting under which no fit of the study could produce `metric`, or with
+    `needs_best_checkpoint` the best checkpoint and `last.ckpt` the study reads it from: before any fit runs,
+    instead of a failure after the first one has trained."""
+    trainer = config.trainer
+    why = f"so no run of {what} would produce its {metric}"
+    for key in ("limit_train_batches", "limit_val_batches", "max_epochs", "max_steps"):
+        value = trainer.get(key)
+        if value is not None and not isinstance(value, bool) and value == 0:
+            raise UserError(f"trainer.{key}={value}: the runs would never validate, {why}")
+    every, epochs = trainer.get("check_val_every_n_epoch"), trainer.get("max_epochs")
+    if every is not None and epochs is not None and epochs != -1 and every > epochs:
+        raise UserError(
+            f"trainer.check_val_every_n_epoch={every} with trainer.max_epochs={epochs}: the runs would never "
+            f"validate, {why}"
+        )
+    if not needs_best_checkpoint:
+        return
+    checkpoint = config.get("checkpoint") or Namespace()
+    uses = f"{what} evaluates each run's best checkpoint"
+    if trainer.get("fast_dev_run"):
+        raise UserError(f"trainer.fast_dev_run={trainer.fast_dev_run} writes no checkpoints: {uses}")
+    if trainer.get("enable_checkpointing") is False:
+        raise UserError(f"trainer.enable_checkpointing=False writes no checkpoints: {uses}")
+    for key in ("save_top_k", "every_n_epochs"):
+        if checkpoint.get(key) == 0:
+            raise UserError(f"checkpoint.{key}=0 keeps no best checkpoint: {uses}")
+    if checkpoint.get("save_last") is False:
+        raise UserError(
+            f"checkpoint.save_last=False writes no last.ckpt: {what} finds each run's best checkpoint through "
+            "it, and continues a killed run from it"
+        )
+
+
 # -- folders -------------------------------------------------------------------------------------------------
 def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
     if isinstance(value, dict):
@@ -60,10 +95,19 @@ def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix.rstrip("."): value}
 
 
-def claim_folder(folder: Path, settings: dict[str, Any], what: str, name_flag: str) -> None:
+def claim_folder(
+    folder: Path,
+    settings: dict[str, Any],
+    what: str,
+    name_flag: str,
+    accept_change: Callable[[dict[str, Any], dict[str, Any], list[str]], None] | None = None,
+) -> None:
     """Record `settings` in `folder` on first use; later, a UserError naming the first setting that differs.
 
-    So a rerun continues only the study it was started as, never mixes other settings' runs into it.
+    So a rerun continues only the study it was started as, never mixes other settings' runs into it. With
+    `accept_change(recorded, now, changed_keys)` (flattened, dotted keys), a study decides itself whether a
+    change leaves its finished work valid: it raises a UserError if not, and otherwise the command's settings
+    replace the recorded ones.
     """
     path = folder / SETTINGS_FILE
     settings = json.loads(json.dumps(settings, default=str))
@@ -71,13 +115,24 @@ def claim_folder(folder: Path, settings: dict[str, Any], what: str, name_flag: s
         atomic_write_text(path, json.dumps(settings, indent=2) + "\n")
         return
     before, now = _flatten(json.loads(path.read_text())), _flatten(settings)
-    for key in sorted(before.keys() | now.keys()):
-        if before.get(key) != now.get(key):
-            raise UserError(
-                f"{what} {folder} was started with {key.removeprefix('fit.')}={before.get(key)!r}, this command has "
-                f"{now.get(key)!r}: rerun it with the same settings to continue it, choose another {name_flag}, "
-                "or delete the folder to start over"
-            )
+    changed = [key for key in sorted(before.keys() | now.keys()) if before.get(key) != now.get(key)]
+    if not changed:
+        return
+    if accept_change is not None:
+        accept_change(before, now, changed)
+        atomic_write_text(path, json.dumps(settings, indent=2) + "\n")
+        return
+    key = changed[0]
+    raise UserError(
+        f"{what} {folder} was started with {setting_name(key)}={before.get(key)!r}, this command has "
+        f"{now.get(key)!r}: rerun it with the same settings to continue it, choose another {name_flag}, "
+        "or delete the folder to start over"
+    )
+
+
+def setting_name(key: str) -> str:
+    """A flattened settings key as the command line spells it (without the `fit.` of the fit's config)."""
+    return key.removeprefix("fit.")
 
 
 @contextlib.contextmanager

@@ -21,9 +21,9 @@ from optuna.trial import TrialState
 from project.errors import UserError
 from project.io import check_writable
 from project.run.run_folder import DEFAULT_ROOT_DIR
-from project.studies.trial_pruning import PRUNED_ATTR, STORAGE_ENV, Pruner, make_pruner
 from project.studies.runner import (
     FitFailed,
+    check_produces_metric,
     claim_folder,
     log_table,
     markdown_table,
@@ -33,6 +33,7 @@ from project.studies.runner import (
     write_results,
 )
 from project.studies.search import SearchSpace, as_flags, load_search, samples
+from project.studies.trial_pruning import PRUNED_ATTR, STORAGE_ENV, Pruner, make_pruner
 
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED)
 
@@ -188,6 +189,7 @@ def tune(
     from project.cli.config import build_datamodule, task_class
 
     space = load_search(search, task_class(config.model.class_path))
+    check_produces_metric(config, "the study", space.metric, needs_best_checkpoint=False)
     check_search(fit_args, space)
     build_datamodule(config)  # the data's own checks, before any trial
     study_name = study_name or Path(search).stem
