@@ -160,7 +160,9 @@ class ImageDataModule(L.LightningDataModule):
     def _world(self) -> tuple[int, int]:
         """(processes, this process's global rank); (1, 0) outside a Trainer."""
         trainer = self.trainer
-        return (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
+        if trainer is None or trainer.world_size == 1:
+            return 1, 0
+        return trainer.world_size, trainer.global_rank
 
     def _accumulation(self) -> int:
         return self.trainer.accumulate_grad_batches if self.trainer is not None else 1
