@@ -131,22 +131,58 @@ def test_a_fit_imports_the_core_and_no_optional_extra(tmp_path):
 
 
 FIT_CORE = set(
-    """
-    project project.callbacks project.callbacks.budget_end_validation project.callbacks.checkpoint
-    project.callbacks.diagnostics
-    project.callbacks.diagnostics.data_wait project.callbacks.diagnostics.grad_norm
-    project.callbacks.diagnostics.nonfinite project.callbacks.diagnostics.wandb_dashboard
-    project.callbacks.effective_batch_size project.callbacks.prediction_writer project.cli project.cli.config
-    project.data project.data.augment project.data.cifar project.data.datamodule project.data.folder
-    project.data.image_files project.data.samplers
-    project.data.folds project.data.image_cache project.data.images project.data.tensor_dataset
-    project.distributed project.distributed.fsdp2 project.distributed.sharding project.errors project.io
-    project.lit project.lit.factories project.lit.image_classifier project.lit.task project.lit.tta
-    project.models project.models.airbench project.models.cifar_resnet project.models.init project.models.mlp
-    project.models.simple_cnn project.models.torchvision_net project.run project.run.checkpoints
-    project.run.interrupts project.run.lightning_private project.run.plan project.run.provenance
-    project.run.resume project.run.run_folder project.run.wandb_logger
-    """.split()
+    [
+        "project",
+        "project.callbacks",
+        "project.callbacks.budget_end_validation",
+        "project.callbacks.checkpoint",
+        "project.callbacks.diagnostics",
+        "project.callbacks.diagnostics.data_wait",
+        "project.callbacks.diagnostics.grad_norm",
+        "project.callbacks.diagnostics.nonfinite",
+        "project.callbacks.diagnostics.wandb_dashboard",
+        "project.callbacks.effective_batch_size",
+        "project.callbacks.prediction_writer",
+        "project.cli",
+        "project.cli.config",
+        "project.data",
+        "project.data.augment",
+        "project.data.cifar",
+        "project.data.datamodule",
+        "project.data.folder",
+        "project.data.image_files",
+        "project.data.samplers",
+        "project.data.folds",
+        "project.data.image_cache",
+        "project.data.images",
+        "project.data.tensor_dataset",
+        "project.distributed",
+        "project.distributed.fsdp2",
+        "project.distributed.sharding",
+        "project.errors",
+        "project.io",
+        "project.lit",
+        "project.lit.factories",
+        "project.lit.image_classifier",
+        "project.lit.task",
+        "project.lit.tta",
+        "project.models",
+        "project.models.airbench",
+        "project.models.cifar_resnet",
+        "project.models.init",
+        "project.models.mlp",
+        "project.models.simple_cnn",
+        "project.models.torchvision_net",
+        "project.run",
+        "project.run.checkpoints",
+        "project.run.interrupts",
+        "project.run.lightning_private",
+        "project.run.plan",
+        "project.run.provenance",
+        "project.run.resume",
+        "project.run.run_folder",
+        "project.run.wandb_logger",
+    ]
 )
 
 
@@ -162,4 +198,6 @@ def test_a_config_that_names_an_optional_callback_imports_it():
     proc = subprocess.run(
         [sys.executable, "-c", NAMES_PRUNING], cwd=ROOT, env=subprocess_env(), capture_output=True, text=True
     )
-    assert proc.returncode == 0 and "project.compression.pruning.ProgressivePruning" in proc.stdout, proc.stderr
+    assert proc.returncode == 0 and "project.compression.pruning.ProgressivePruning" in proc.stdout, (
+        proc.stderr
+    )

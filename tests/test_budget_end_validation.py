@@ -112,3 +112,40 @@ def test_a_fit_shorter_than_an_epoch_validates_at_its_end_and_keeps_a_best_check
 def test_a_fit_whose_max_steps_ends_an_epoch_validates_that_epoch_once(tmp_path):
     rows, _ = _fit(tmp_path, "--trainer.max_steps", "3")
     assert [(row["epoch"], row["step"]) for row in rows] == [("0", "2")]
+
+
+class SavesAndValidations(Callback):
+    def __init__(self) -> None:
+        self.events: list[tuple[str, int]] = []
+
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint) -> None:
+        self.events.append(("save", trainer.global_step))
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        if not trainer.sanity_checking:
+            self.events.append(("validate", trainer.global_step))
+
+
+def test_no_checkpoint_between_the_budgets_last_step_and_its_validation(tmp_path):
+    """A run killed during its budget-end validation resumes from an earlier step, redoes the last one and
+    validates: a checkpoint already at max_steps would leave nothing to train or validate."""
+    from project.callbacks import BestAndLastCheckpoint
+
+    probe = SavesAndValidations()
+    checkpoint = BestAndLastCheckpoint(
+        dirpath=tmp_path / "ckpts", save_last=True, monitor="val_loss", last_every_n_train_steps=2
+    )
+    model = Tiny()
+    options = {
+        "logger": False,
+        "enable_progress_bar": False,
+        "enable_model_summary": False,
+        "num_sanity_val_steps": 0,
+    }
+    L.Trainer(
+        default_root_dir=tmp_path,
+        callbacks=[probe, checkpoint, BudgetEndValidation()],
+        max_steps=2,
+        **options,
+    ).fit(model)
+    assert probe.events.index(("validate", 2)) < probe.events.index(("save", 2)), probe.events

@@ -53,6 +53,10 @@ class BestAndLastCheckpoint(ModelCheckpoint):
         # one's validation and end (on SIGTERM it cuts the validation short; the resumed run redoes the batch).
         if private.ends_epoch(trainer):
             return
+        # Nor after the budget's last step: that step validates before the run ends (BudgetEndValidation), and a
+        # run resumed from a checkpoint at max_steps would have nothing left to train or validate.
+        if 0 <= trainer.max_steps <= trainer.global_step:
+            return
         # On SIGTERM Lightning stops right after this hook: save here, at the usual point of a step checkpoint.
         n = self.last_every_n_train_steps
         if (n and trainer.global_step % n == 0) or trainer.received_sigterm:
