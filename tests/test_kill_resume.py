@@ -309,6 +309,11 @@ def test_killed_at_random_moments_resumes_and_matches_an_uninterrupted_run(fake_
 
     killed, uninterrupted = final_val(run), final_val(tmp_path / "ref" / "runs" / "version_0")
     assert sorted(killed) == sorted(uninterrupted) == [0, 1, 2]
+    # Every resume continued exactly (the loader's position and every generator are in last.ckpt): the same bits.
+    reference = torch.load(tmp_path / "ref/runs/version_0/checkpoints/last.ckpt", weights_only=True)
+    weights, expected = torch.load(last, weights_only=True)["state_dict"], reference["state_dict"]
+    assert weights.keys() == expected.keys()
+    assert all(torch.equal(weights[k], v) for k, v in expected.items())
     (loss, acc), (ref_loss, ref_acc) = killed[2], uninterrupted[2]
     print("final val (loss, acc): interrupted", killed, "uninterrupted", uninterrupted)
     assert abs(loss - ref_loss) < 0.1 and abs(acc - ref_acc) <= 0.05, (killed, uninterrupted)
