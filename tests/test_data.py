@@ -221,3 +221,17 @@ def test_scan_finds_images_in_sorted_order_with_their_stamps(tmp_path):
     assert scan.classes == ["a", "b"] and [Path(f) for f in scan.files] == expected
     assert scan.labels == [0, 0, 0, 1, 1]
     assert scan.stamps == [(p.stat().st_size, p.stat().st_mtime_ns) for p in expected]
+
+
+def test_building_the_image_cache_leaves_the_global_generator_alone(tmp_path):
+    """A run that builds the cache must draw the same random numbers afterwards as one that finds it built."""
+    from project.data.image_cache import ImageCache, sampled_mean_std
+    from tests.fakes import make_image_folder
+
+    files = [str(p) for p in sorted((make_image_folder(tmp_path / "images", extras=False)).rglob("*.*"))]
+    torch.manual_seed(0)
+    expected = torch.rand(3)
+    torch.manual_seed(0)
+    ImageCache.load_or_build(files, 8, tmp_path / "cache", num_workers=2)
+    sampled_mean_std(files, 8, tmp_path / "cache", num_workers=2)
+    assert torch.equal(torch.rand(3), expected)

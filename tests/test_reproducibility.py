@@ -80,7 +80,8 @@ def test_same_seed_same_bits_from_args_saved_config_and_resume(fake_cifar, tmp_p
     for proc in (rerun, resumed):
         finish(proc)
 
-    # The saved config keeps the first run's logger folders: the rerun is the next version there.
-    assert_identical(first, tmp_path / "a" / "runs" / "version_1")
+    # The saved config is the config as given (loggers at the default folder, which follows
+    # trainer.default_root_dir): the rerun is a run of its own, under the root it was given.
+    assert_identical(first, tmp_path / "b" / "runs" / "version_0")
     assert_identical(first, tmp_path / "c" / "runs" / "version_0")
     assert len(val_metrics(first)) == 2

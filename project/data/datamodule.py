@@ -209,6 +209,9 @@ class ImageDataModule(L.LightningDataModule):
             # those of one process.
             sampler = ShardSampler(dataset, batch_size, world_size, rank)
             return DataLoader(dataset, sampler=sampler, **settings)
+        if self.trainer is not None and self.trainer.overfit_batches:
+            # A debug run on the same few batches: Lightning rebuilds its loader in a fixed order.
+            return DataLoader(dataset, shuffle=False, **settings)
         # Full batches only (stable BatchNorm statistics, no recompiles), unless the split is smaller.
         drop_last = len(dataset) >= batch_size * world_size  # pyright: ignore[reportArgumentType]
         sampler = ResumableSampler(dataset, world_size, rank, shuffle=True, seed=run_seed())

@@ -81,8 +81,14 @@ def sampled_mean_std(
     if path.exists():
         stats = json.loads(path.read_text())
         return tuple(stats["mean"]), tuple(stats["std"])
+    # A generator of its own: building the statistics must not draw from the run's global one (a run that
+    # finds them cached would then shuffle and augment differently from one that computes them).
     loader = DataLoader(
-        DecodeAll(sample, size, max_pixels), batch_size=64, num_workers=num_workers, collate_fn=keep_as_is
+        DecodeAll(sample, size, max_pixels),
+        batch_size=64,
+        num_workers=num_workers,
+        collate_fn=keep_as_is,
+        generator=torch.Generator(),
     )
     images = (
         torch.from_numpy(np.stack([image for _, image, _ in batch if image is not None])).permute(0, 3, 1, 2)
@@ -191,6 +197,7 @@ class ImageCache:
                 batch_size=256,
                 num_workers=num_workers,
                 collate_fn=keep_as_is,
+                generator=torch.Generator(),  # not the run's global one (see sampled_mean_std)
             )
             for batch in loader:
                 for i, image, error in batch:
