@@ -209,7 +209,9 @@ class ImageDataModule(L.LightningDataModule):
             # those of one process.
             sampler = ShardSampler(dataset, batch_size, world_size, rank)
             return DataLoader(dataset, sampler=sampler, **settings)
-        if self.trainer is not None and self.trainer.overfit_batches:
+        if self.trainer is not None and getattr(
+            self.trainer, "overfit_batches", 0
+        ):  # set by its loop connector
             # A debug run on the same few batches: Lightning rebuilds its loader in a fixed order.
             return DataLoader(dataset, shuffle=False, **settings)
         # Full batches only (stable BatchNorm statistics, no recompiles), unless the split is smaller.

@@ -184,7 +184,9 @@ def export_trained(
     net, pre = trained.net.eval(), trained.preprocessing
     # The task's account of its outputs (checkpoints written before tasks recorded one are single-label).
     task = trained.outputs
-    meaning = f"{task['outputs']}; {task['decode']}" if "decode" in task else "logits; softmax gives probabilities"
+    meaning = (
+        f"{task['outputs']}; {task['decode']}" if "decode" in task else "logits; softmax gives probabilities"
+    )
     meta: dict[str, Any] = {
         "preprocessing": pre.to_dict(),
         "input": {
