@@ -5,6 +5,7 @@ checkpoint gives the same val/acc and val/loss on 1 process and on 2 gloo proces
 """
 
 import csv
+import socket
 from pathlib import Path
 
 import pytest
@@ -41,6 +42,11 @@ def test_validate_on_two_processes_gives_the_one_process_metrics(fake_cifar, tmp
     # One thread per process in both runs (Lightning splits the CPUs among DDP processes): a convolution sums in
     # another order on another number of threads, which changes a loss in its last bit.
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    # A port of its own: another test's processes starting at the same moment could pick the same free port,
+    # and each group would wait for processes of the other.
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        monkeypatch.setenv("MASTER_PORT", str(s.getsockname()[1]))
     fit = ["--trainer.max_epochs", "1", "--trainer.limit_train_batches", "3", "--trainer.logger", "false"]
     run_cli(*args("fit", fake_cifar, tmp_path / "fit", *fit), cwd=tmp_path)
     (ckpt,) = (tmp_path / "fit").glob("runs/version_0/checkpoints/last.ckpt")
