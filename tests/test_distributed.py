@@ -403,6 +403,11 @@ def test_slurm_script_starts_lightning_with_slurms_ranks(tmp_path, monkeypatch):
     monkeypatch.chdir(ROOT)
     for key, value in SLURM_RANK_1_OF_2.items():
         monkeypatch.setenv(key, value)
+    # Lightning's SLURM environment writes MASTER_ADDR (the first node, gpu-07) and MASTER_PORT into
+    # os.environ: set here, they are undone after the test, and no later DDP test of this worker waits on gpu-07.
+    for key in ("MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.setenv(key, os.environ.get(key, "unset"))  # recorded: undone after the test
+        monkeypatch.delenv(key)
     args = command[4:]
     i = args.index("--ckpt_path")
     del args[i : i + 2]  # a `fit` argument: this parse has no subcommand
