@@ -56,11 +56,11 @@ def checkpoint_bytes(out: Path, data: Path, *extra: str) -> dict:
 
 def loader_cost(repeats: int = 2, epochs: int = 5) -> list[dict]:
     from project.data.samplers import ResumableLoader, ResumableSampler
-    from project.data.tensor_dataset import TensorImageDataset, keep_as_is
+    from project.data.tensor_dataset import TensorImageDataset, collate_pre_batched
 
     images = torch.randint(0, 256, (50_000, 3, 32, 32), dtype=torch.uint8)
     ds = TensorImageDataset(images, torch.randint(0, 10, (50_000,)))
-    kw = dict(batch_size=256, drop_last=True, collate_fn=keep_as_is)
+    kw = dict(batch_size=256, drop_last=True, collate_fn=collate_pre_batched)
 
     def per_batch(loader: DataLoader) -> float:
         best = float("inf")

@@ -14,7 +14,7 @@ PACKAGE = ROOT / "project"
 #: inside functions are how a lower floor reaches an optional extra, and are not arrows here.
 FLOORS = [
     ["project", "project.errors", "project.models"],
-    ["project.io"],
+    ["project.atomic_files"],
     ["project.run", "project.data", "project.compression"],
     ["project.distributed"],
     ["project.lit"],
@@ -160,7 +160,7 @@ FIT_CORE = set(
         "project.distributed.fsdp2",
         "project.distributed.sharding",
         "project.errors",
-        "project.io",
+        "project.atomic_files",
         "project.lit",
         "project.lit.factories",
         "project.lit.image_classifier",

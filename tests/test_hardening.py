@@ -261,16 +261,16 @@ def read_only_dir(tmp_path, monkeypatch) -> Path:
         ["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(folder)], capture_output=True
     )
     if mounted.returncode != 0:
-        import project.io
+        import project.atomic_files
 
-        real = project.io.tempfile.TemporaryFile
+        real = project.atomic_files.tempfile.TemporaryFile
 
         def refuse(*args, dir=None, **kwargs):
             if dir is not None and Path(dir).resolve().is_relative_to(folder.resolve()):
                 raise OSError(errno.EROFS, "Read-only file system")
             return real(*args, dir=dir, **kwargs)
 
-        monkeypatch.setattr(project.io.tempfile, "TemporaryFile", refuse)
+        monkeypatch.setattr(project.atomic_files.tempfile, "TemporaryFile", refuse)
     yield folder
     if mounted.returncode == 0:
         subprocess.run(["umount", str(folder)], check=True)

@@ -19,8 +19,8 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import Callback
 
+from project.atomic_files import partial_path
 from project.cli import main
-from project.io import partial_path
 from project.run.checkpoints import AtomicCheckpointIO
 from project.run.provenance import collect_rng_states, set_rng_states
 from project.run.resume import find_last_checkpoint, keep_csv_metrics

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, cast
 import lightning as L
 from lightning.pytorch.callbacks import BasePredictionWriter
 
-from project.io import atomic_path
+from project.atomic_files import atomic_path
 
 if TYPE_CHECKING:
     from _csv import Writer  # what csv.writer returns; `csv` does not export the name

@@ -14,9 +14,9 @@ import torch
 from torch import Tensor, nn
 from torch.fx import GraphModule
 
+from project.atomic_files import atomic_path
 from project.compression.pt2e import torchao_api
 from project.errors import UserError
-from project.io import atomic_path
 
 METADATA_FILE = "metadata.json"
 

@@ -11,7 +11,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from project.data.augment import alternating_flip, cutout, normalize, random_crop, random_flip
 from project.data.samplers import ResumableLoader, ResumableSampler, ShardSampler, run_seed
-from project.data.tensor_dataset import TensorImageDataset, keep_as_is
+from project.data.tensor_dataset import TensorImageDataset, collate_pre_batched
 from project.errors import UserError
 
 
@@ -194,7 +194,7 @@ class ImageDataModule(L.LightningDataModule):
         settings: dict[str, Any] = dict(
             batch_size=batch_size,
             num_workers=workers,
-            collate_fn=keep_as_is if batched else None,
+            collate_fn=collate_pre_batched if batched else None,
             pin_memory=self.pin_memory and not (in_memory and self.on_device),
             persistent_workers=self.persistent_workers and workers > 0,
             prefetch_factor=self.prefetch_factor if workers > 0 else None,

@@ -19,10 +19,10 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader
 
+from project.atomic_files import atomic_path, atomic_write_text, check_writable
 from project.data.images import MAX_IMAGE_PIXELS, DecodeAll
-from project.data.tensor_dataset import keep_as_is
+from project.data.tensor_dataset import collate_pre_batched
 from project.errors import UserError, warn
-from project.io import atomic_path, atomic_write_text, check_writable
 
 CACHE_VERSION = 2
 CHUNK = 16 << 20
@@ -87,7 +87,7 @@ def sampled_mean_std(
         DecodeAll(sample, size, max_pixels),
         batch_size=64,
         num_workers=num_workers,
-        collate_fn=keep_as_is,
+        collate_fn=collate_pre_batched,
         generator=torch.Generator(),
     )
     images = (
@@ -196,7 +196,7 @@ class ImageCache:
                 DecodeAll(files, size, max_pixels),
                 batch_size=256,
                 num_workers=num_workers,
-                collate_fn=keep_as_is,
+                collate_fn=collate_pre_batched,
                 generator=torch.Generator(),  # not the run's global one (see sampled_mean_std)
             )
             for batch in loader:

@@ -84,7 +84,7 @@ def batch_seed(seed: int, rows: Tensor) -> int:
     return zlib.crc32(rows.cpu().numpy().tobytes(), seed & 0xFFFFFFFF)
 
 
-def keep_as_is(batch: Any) -> Any:
+def collate_pre_batched(batch: Any) -> Any:
     """A collate_fn that hands the batch on unchanged: `__getitems__` has collated it already (or the samples
     are kept as a list). Module-level, so it pickles into DataLoader workers."""
     return batch

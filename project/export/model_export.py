@@ -16,10 +16,10 @@ from typing import Any, Literal, cast
 import torch
 from torch import nn
 
+from project.atomic_files import check_writable, staged_outputs
 from project.errors import UserError
 from project.export.runtimes import INPUT_NAME, OUTPUT_NAME, ort_session
 from project.export.trained import TrainedModel, load_trained
-from project.io import check_writable, staged_outputs
 
 #: ONNX opset written by default: 18 is the dynamo exporter's native opset and is run by every
 #: ONNX Runtime release since 1.14, including its quantization tools.

@@ -11,12 +11,12 @@ from pathlib import Path
 
 from torch.utils.data import DataLoader, Dataset
 
+from project.atomic_files import atomic_path, check_writable
 from project.data.images import MAX_IMAGE_PIXELS, ImageFileDataset, list_images
-from project.data.tensor_dataset import TensorImageDataset, keep_as_is
+from project.data.tensor_dataset import TensorImageDataset, collate_pre_batched
 from project.errors import UserError
 from project.export.preprocessing import Preprocessing, read_metadata
 from project.export.runtimes import OnnxRuntime, softmax_top1
-from project.io import atomic_path, check_writable
 
 CIFAR_SPLITS = ("cifar10:test", "cifar10:train", "cifar100:test", "cifar100:train")
 
@@ -86,7 +86,10 @@ def predict_onnx(
     )
     batched = isinstance(dataset, TensorImageDataset)
     loader = DataLoader(
-        dataset, batch_size=batch_size, num_workers=num_workers, collate_fn=keep_as_is if batched else None
+        dataset,
+        batch_size=batch_size,
+        num_workers=num_workers,
+        collate_fn=collate_pre_batched if batched else None,
     )
     runtime = OnnxRuntime(model, threads=threads)
 

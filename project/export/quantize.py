@@ -13,6 +13,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from project.atomic_files import file_size_mb, staged_outputs
 from project.compression.int8_program import save_int8
 from project.compression.onnx_int8 import (
     ActivationType,
@@ -36,7 +37,6 @@ from project.export.report import (
 )
 from project.export.runtimes import OnnxRuntime, Runtime, TorchRuntime, find_qat_artifact, load_int8_runtime
 from project.export.trained import load_trained
-from project.io import file_size_mb, staged_outputs
 
 DYNAMIC_FILE, STATIC_FILE = "model.int8-dynamic.onnx", "model.int8-static.onnx"
 PT2E_FILE = "model.int8-pt2e.pt2"

@@ -17,9 +17,9 @@ from typing import Any
 
 import numpy as np
 
+from project.atomic_files import atomic_write_text
 from project.data.datamodule import available_cpus
 from project.export.runtimes import Runtime
-from project.io import atomic_write_text
 
 COLUMNS = [
     "variant",

@@ -2,7 +2,7 @@
 
 Writing: Lightning's default writer serialises into memory, writes a temporary file in the system temp folder
 and moves it into place; across file systems that move is a copy (a kill during it truncates `last.ckpt`), and
-nothing is fsync'ed. `AtomicCheckpointIO` streams the checkpoint through `project.io.atomic_path` instead: a
+nothing is fsync'ed. `AtomicCheckpointIO` streams the checkpoint through `project.atomic_files.atomic_path` instead: a
 temporary file beside the target, fsync, rename. A full disk is reported as such, and the previous checkpoint
 stays as it was.
 
@@ -22,8 +22,8 @@ from lightning.fabric.utilities.cloud_io import get_filesystem
 from lightning.pytorch.plugins.io import AsyncCheckpointIO, CheckpointIO, TorchCheckpointIO
 from torch import nn
 
+from project.atomic_files import atomic_path
 from project.errors import UserError
-from project.io import atomic_path
 
 
 def atomic_torch_save(obj: Any, path: str | Path) -> None:

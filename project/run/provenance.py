@@ -32,7 +32,7 @@ from lightning.pytorch.cli import SaveConfigCallback
 from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities import rank_zero_only
 
-from project.io import atomic_write_text
+from project.atomic_files import atomic_write_text
 
 REPO = Path(__file__).resolve().parent.parent
 KEY_PACKAGES = (

@@ -32,8 +32,8 @@ from typing import Any
 import torch
 import yaml
 
+from project.atomic_files import atomic_write_text
 from project.errors import UserError, warn
-from project.io import atomic_write_text
 from project.run.resume import MAY_CHANGE
 from project.run.run_folder import DEFAULT_ROOT_DIR
 from project.studies.evaluate import evaluate, load_best

@@ -22,8 +22,8 @@ from typing import Any
 
 from jsonargparse import Namespace
 
+from project.atomic_files import atomic_write_text, staged_outputs
 from project.errors import UserError
-from project.io import atomic_write_text, staged_outputs
 
 SETTINGS_FILE = "settings.json"
 #: Forwarded flags the study sets itself for every fit.

@@ -18,8 +18,8 @@ import optuna
 import yaml
 from optuna.trial import TrialState
 
+from project.atomic_files import check_writable
 from project.errors import UserError
-from project.io import check_writable
 from project.run.run_folder import DEFAULT_ROOT_DIR
 from project.studies.runner import (
     FitFailed,
