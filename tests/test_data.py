@@ -235,3 +235,79 @@ def test_building_the_image_cache_leaves_the_global_generator_alone(tmp_path):
     ImageCache.load_or_build(files, 8, tmp_path / "cache", num_workers=2)
     sampled_mean_std(files, 8, tmp_path / "cache", num_workers=2)
     assert torch.equal(torch.rand(3), expected)
+
+
+# -- bad data that used to end in a traceback or the wrong message -------------------------------------------------
+def cli_error(args: list, capsys) -> str:
+    """Run `python -m project` in-process, expect a clean failure, return its one error line."""
+    from project.cli import main
+
+    with pytest.raises(SystemExit):
+        main([str(a) for a in args])
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "Traceback" not in err, err
+    return errors[0]
+
+
+def folder_fit(root: Path, tmp_path: Path, *extra) -> list:
+    from tests.conftest import CONFIGS
+
+    return ["fit", "--config", CONFIGS / "folder.yaml", "--data.root", root, "--data.cache_dir", tmp_path / "cache",
+            "--trainer.default_root_dir", tmp_path / "logs", *extra]  # fmt: skip
+
+
+def test_class_folders_that_differ_only_in_case_are_one_error(tmp_path, capsys):
+    for name in ("Hat", "hat", "shoe"):
+        (tmp_path / "ds" / name).mkdir(parents=True)
+        Image.new("RGB", (8, 8)).save(tmp_path / "ds" / name / "a.png")
+    message = cli_error(folder_fit(tmp_path / "ds", tmp_path), capsys)
+    assert "class folders Hat and hat" in message and "differ only in case" in message
+
+
+def test_a_validation_split_that_comes_out_empty_says_what_to_change(tmp_path, capsys):
+    for name in ("a", "b"):
+        (tmp_path / "ds" / name).mkdir(parents=True)
+        Image.new("RGB", (8, 8)).save(tmp_path / "ds" / name / "only.png")
+    message = cli_error(folder_fit(tmp_path / "ds", tmp_path, "--data.val_fraction", "0.5"), capsys)
+    assert "data.val_fraction=0.5 leaves no image to validate on" in message
+    assert "Add images" in message and "validation split of its own" in message
+
+
+@pytest.mark.parametrize("link", ["loop", "self.jpg"])
+def test_a_symlink_loop_in_a_class_folder_is_named(tmp_path, capsys, link):
+    root = make_two_classes(tmp_path / "ds")
+    if link == "loop":
+        (root / "a" / "loop").symlink_to("..")  # a folder that contains the class folder itself
+    else:
+        (root / "a" / "self.jpg").symlink_to("self.jpg")  # a link to itself: stat says ELOOP
+    message = cli_error(folder_fit(root, tmp_path), capsys)
+    assert str(root / "a" / link) in message, message
+
+
+def make_two_classes(root: Path) -> Path:
+    for name in ("a", "b"):
+        (root / name).mkdir(parents=True)
+        for i in range(3):
+            Image.new("RGB", (8, 8)).save(root / name / f"{i}.png")
+    return root
+
+
+@pytest.mark.parametrize("size", ["-1", "0", "100000"])
+def test_a_bad_image_size_blames_image_size_before_allocating_anything(tmp_path, capsys, size):
+    message = cli_error(
+        folder_fit(make_two_classes(tmp_path / "ds"), tmp_path, "--data.image_size", size), capsys
+    )
+    assert "data.image_size must be between 1 and 8192 pixels" in message and f"got {size}" in message
+    assert "crop_padding" not in message
+
+
+def test_tensor_dataset_keeps_float_targets_and_makes_lists_int64():
+    from project.data.tensor_dataset import TensorImageDataset
+
+    images = torch.zeros(3, 3, 2, 2, dtype=torch.uint8)
+    multi_hot = torch.tensor([[1.0, 0.0], [0.0, 0.0], [1.0, 1.0]])
+    _, y = TensorImageDataset(images, multi_hot).__getitems__([2, 0])
+    assert y.dtype == torch.float32 and y.tolist() == [[1.0, 1.0], [1.0, 0.0]]
+    _, y = TensorImageDataset(images, [2, 0, 1]).__getitems__([0, 1])
+    assert y.dtype == torch.int64 and y.tolist() == [2, 0]

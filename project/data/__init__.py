@@ -2,12 +2,20 @@
 
 `ImageDataModule` holds the loaders and the batched augmentation; `ImageFilesDataModule` what every source of
 labelled image files shares (cache, splits, folds, statistics, guards), each source saying only where its files
-and labels are (`scan`): `ImageFolderDataModule` reads class folders. CIFAR is held in memory as it comes.
+and labels are (`scan`): `ImageFolderDataModule` reads class folders, `ImageCSVDataModule` a CSV of paths and
+labels (or tags: multi-label data). CIFAR is held in memory as it comes.
 """
 
 from project.data.cifar import CIFARDataModule
+from project.data.csv_images import ImageCSVDataModule
 from project.data.datamodule import ImageDataModule
 from project.data.folder import ImageFolderDataModule
 from project.data.image_files import ImageFilesDataModule
 
-__all__ = ["CIFARDataModule", "ImageDataModule", "ImageFilesDataModule", "ImageFolderDataModule"]
+__all__ = [
+    "CIFARDataModule",
+    "ImageCSVDataModule",
+    "ImageDataModule",
+    "ImageFilesDataModule",
+    "ImageFolderDataModule",
+]

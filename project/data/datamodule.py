@@ -40,7 +40,8 @@ def per_device_batch_size(
 class ImageDataModule(L.LightningDataModule):
     """Base class: subclasses fill `train_set`, `val_set`, `test_set`, `predict_set` in `setup`.
 
-    Batches leave the DataLoader as `(uint8 images (B, C, H, W), int64 targets)`. After they reach the
+    Batches leave the DataLoader as `(uint8 images (B, C, H, W), targets)`: int64 labels (B,), or for
+    multi-label data (`multilabel`) float32 multi-hot rows (B, num_classes). After they reach the
     device, `on_after_batch_transfer` augments training batches (random crop with padding, horizontal
     flip, optional Cutout: independent per image) and normalises every batch, on the GPU when there is
     one. Prediction batches carry each sample's index instead of a label.
@@ -135,11 +136,21 @@ class ImageDataModule(L.LightningDataModule):
     # -- what the model needs to know (linked by the CLI at instantiation) ---------------------------------
     @property
     def class_names(self) -> list[str]:
+        """The name of each output of the model, in order: the classes of single-label data (target i is the
+        class `class_names[i]`), or the tags of multi-label data (column i of a target is tag `class_names[i]`).
+        Every DataModule provides it."""
         raise NotImplementedError
 
     @property
     def num_classes(self) -> int:
+        """The number of outputs: classes, or tags for multi-label data."""
         return len(self.class_names)
+
+    @property
+    def multilabel(self) -> bool:
+        """Whether an image may have any number of the `class_names` (float32 multi-hot targets) instead of
+        exactly one (int64 class indices)."""
+        return False
 
     @property
     def input_shape(self) -> tuple[int, int, int]:
@@ -272,7 +283,13 @@ class ImageDataModule(L.LightningDataModule):
 
     def state_dict(self) -> dict[str, Any]:
         # Stored in checkpoints: evaluating or predicting from one normalises exactly as training did.
-        return {"mean": list(self.mean), "std": list(self.std), "class_names": list(self.class_names)}
+        names = list(self.class_names)
+        return {
+            "mean": list(self.mean),
+            "std": list(self.std),
+            "class_names": names,
+            "multilabel": self.multilabel,
+        }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         if "mean" in state_dict:

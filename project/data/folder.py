@@ -45,11 +45,3 @@ class ImageFolderDataModule(ImageFilesDataModule):
             f"the training images, so that folder would be ignored. Move its images into {self.root / 'train'}"
             "/<class>/ to cross-validate over all of them, or drop data.num_folds to validate on it"
         )
-
-    @property
-    def train_files(self) -> list[str]:
-        return self.scanned("train").files
-
-    @property
-    def train_labels(self) -> list[int]:
-        return self.scanned("train").labels

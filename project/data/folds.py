@@ -1,7 +1,9 @@
 """Stratified k-fold splits: a pure function of the labels, the number of folds and the seed.
 
 Nothing else goes in (no rank, no time, no file order beyond the labels' own order), so every rerun and every
-DDP process computes the same folds.
+DDP process computes the same folds. Single-label data is stratified per class (`stratified_folds`);
+multi-label data, where one image counts towards several tags, by iterative stratification
+(`iterative_stratification`), which also makes multi-label validation splits.
 """
 
 from collections.abc import Sequence
@@ -24,15 +26,70 @@ def check_fold_args(num_folds: int | None, fold: int) -> None:
         raise UserError(f"data.fold={fold} is outside [0, {num_folds}) (data.num_folds={num_folds})")
 
 
-def check_class_counts(labels: Sequence[int], num_folds: int, class_names: Sequence[str]) -> None:
-    """A UserError naming the first class with fewer images than folds (each fold needs one of every class)."""
-    counts = torch.bincount(torch.as_tensor(labels, dtype=torch.long), minlength=len(class_names))
-    for name, count in zip(class_names, counts.tolist(), strict=True):
+def check_class_counts(
+    labels: Sequence[Any], num_folds: int, class_names: Sequence[str], multilabel: bool = False
+) -> None:
+    """A UserError naming the first class (or tag) with fewer images than folds (each fold needs one of every
+    class, and each multi-label fold one image with every tag)."""
+    if multilabel:
+        counts = [0] * len(class_names)
+        for tags in labels:
+            for t in tags:
+                counts[t] += 1
+    else:
+        counts = torch.bincount(
+            torch.as_tensor(labels, dtype=torch.long), minlength=len(class_names)
+        ).tolist()
+    kind, on = ("tag", "is on") if multilabel else ("class", "has")
+    for name, count in zip(class_names, counts, strict=True):
         if count < num_folds:
             raise UserError(
-                f"class {name!r} has {count} image(s), fewer than data.num_folds={num_folds}: every fold needs "
-                "at least one image of every class; add images or choose fewer folds"
+                f"{kind} {name!r} {on} {count} image(s), fewer than data.num_folds={num_folds}: every fold needs "
+                f"at least one image of every {kind}; add images or choose fewer folds"
             )
+
+
+def iterative_stratification(
+    tag_sets: Sequence[Sequence[int]], proportions: Sequence[float], seed: int
+) -> list[list[int]]:
+    """Multi-label images dealt into parts of the given `proportions` (summing to 1) so that every tag's
+    images are shared out in those proportions as nearly as possible (Sechidis, Tsoumakas and Vlahavas,
+    "On the stratification of multi-label data", 2011). Returns each part's indices, sorted.
+
+    The rarest tag first (counting only images not yet placed): each of its images goes to the part that
+    still wants most of that tag, then the one that wants most images; an image placed counts towards all
+    its tags. Rare tags go first because they are the hardest to spread: the common ones are balanced by
+    what is left. Images with no tag fill the parts' remaining sizes. Images are taken in an order shuffled
+    by `seed`; ties go to the lower part.
+    """
+    order = torch.randperm(len(tag_sets), generator=torch.Generator().manual_seed(seed)).tolist()
+    parts: list[list[int]] = [[] for _ in proportions]
+    wanted = [p * len(tag_sets) for p in proportions]  # images each part still wants
+    images_with: dict[int, list[int]] = {}
+    for i in order:
+        for tag in tag_sets[i]:
+            images_with.setdefault(tag, []).append(i)
+    wanted_tag = {tag: [p * len(ix) for p in proportions] for tag, ix in images_with.items()}
+    unplaced = {tag: len(ix) for tag, ix in images_with.items()}
+    placed = [False] * len(tag_sets)
+
+    def place(i: int, part: int) -> None:
+        placed[i] = True
+        parts[part].append(i)
+        wanted[part] -= 1
+        for tag in tag_sets[i]:
+            wanted_tag[tag][part] -= 1
+            unplaced[tag] -= 1
+
+    while unplaced := {tag: n for tag, n in unplaced.items() if n > 0}:
+        rarest = min(unplaced, key=lambda tag: (unplaced[tag], tag))
+        for i in images_with[rarest]:
+            if not placed[i]:
+                place(i, max(range(len(parts)), key=lambda k: (wanted_tag[rarest][k], wanted[k])))
+    for i in order:  # the images with no tag
+        if not placed[i]:
+            place(i, max(range(len(parts)), key=lambda k: wanted[k]))
+    return [sorted(p) for p in parts]
 
 
 def stratified_folds(labels: Sequence[int], num_folds: int, seed: int) -> list[list[int]]:
@@ -56,20 +113,30 @@ def stratified_folds(labels: Sequence[int], num_folds: int, seed: int) -> list[l
 
 
 def fold_split(
-    labels: Sequence[int], num_folds: int, fold: int, seed: int, class_names: Sequence[str] | None = None
+    labels: Sequence[Any],
+    num_folds: int,
+    fold: int,
+    seed: int,
+    class_names: Sequence[str] | None = None,
+    multilabel: bool = False,
 ) -> tuple[list[int], list[int]]:
     """(train indices, validation indices): fold `fold` validates, the other folds train. With `class_names`,
-    first a UserError naming any class with fewer images than folds."""
+    first a UserError naming any class with fewer images than folds. `labels` are class indices, or for
+    `multilabel` each image's tag indices (folded by iterative stratification)."""
     if class_names is not None:
-        check_class_counts(labels, num_folds, class_names)
-    folds = stratified_folds(labels, num_folds, seed)
+        check_class_counts(labels, num_folds, class_names, multilabel)
+    if multilabel:
+        folds = iterative_stratification(labels, [1 / num_folds] * num_folds, seed)
+    else:
+        folds = stratified_folds(labels, num_folds, seed)
     train = sorted(i for k, f in enumerate(folds) if k != fold for i in f)
     return train, folds[fold]
 
 
 class KFoldMixin:
     """`num_folds` and `fold` for a DataModule (listed before `ImageDataModule` among its bases): its training
-    images split into stratified folds, seeded by `data.seed`, one of which validates (`fold_indices`).
+    images split into stratified folds, seeded by `data.seed`, one of which validates (`fold_indices`); for
+    multi-label data the folds keep every tag's share (`iterative_stratification`).
 
     Args:
         num_folds: Split the training images into this many stratified folds (seeded by `seed`) instead of
@@ -85,9 +152,10 @@ class KFoldMixin:
     #: What the DataModule this is mixed into provides.
     seed: int
     class_names: list[str]
+    multilabel: bool
 
-    def fold_indices(self, labels: Sequence[int]) -> tuple[list[int], list[int]]:
+    def fold_indices(self, labels: Sequence[Any]) -> tuple[list[int], list[int]]:
         """(train indices, validation indices) of fold `fold`; a UserError for a class smaller than the folds."""
         if self.num_folds is None:
             raise RuntimeError("fold_indices needs data.num_folds")
-        return fold_split(labels, self.num_folds, self.fold, self.seed, self.class_names)
+        return fold_split(labels, self.num_folds, self.fold, self.seed, self.class_names, self.multilabel)

@@ -1,7 +1,7 @@
 """Decode a list of images once into a memory-mapped uint8 array, reused until the files change.
 
 The cache is keyed by the file paths, sizes, modification times and the target image size: adding,
-removing or editing any image rebuilds it. The array is written under a temporary name and renamed into
+removing or editing any image rebuilds it (and by whatever else the source adds: the content of a CSV). The array is written under a temporary name and renamed into
 place, then the JSON beside it, which marks the cache complete and carries the array's size and CRC-32 per
 16 MiB chunk: a truncated, zeroed or otherwise damaged cache is detected when it is loaded, and rebuilt.
 """
@@ -41,9 +41,13 @@ def file_stamps(files: Sequence[str | Path]) -> list[tuple[int, int]]:
 
 
 def cache_key(
-    files: Sequence[str | Path], stamps: list[tuple[int, int]], size: int, max_pixels: int = MAX_IMAGE_PIXELS
+    files: Sequence[str | Path],
+    stamps: list[tuple[int, int]],
+    size: int,
+    max_pixels: int = MAX_IMAGE_PIXELS,
+    source_key: str = "",
 ) -> str:
-    h = hashlib.sha256(f"v{CACHE_VERSION}:{size}:{max_pixels}".encode())
+    h = hashlib.sha256(f"v{CACHE_VERSION}:{size}:{max_pixels}:{source_key}".encode())
     h.update("".join(f"\n{f}|{s}|{m}" for f, (s, m) in zip(files, stamps, strict=True)).encode())
     return h.hexdigest()[:24]
 
@@ -152,13 +156,15 @@ class ImageCache:
         num_workers: int = 0,
         stamps: list[tuple[int, int]] | None = None,
         max_pixels: int = MAX_IMAGE_PIXELS,
+        source_key: str = "",
     ) -> "ImageCache":
         """The cache of `files` at `size` in `cache_dir`: loaded when complete and intact, else (re)built.
 
         `stamps` are the files' (size, mtime) from the scan that found them; stat'ed here when not given.
+        `source_key` keys the cache by what else it depends on (a hash of the CSV that lists the files).
         """
         stamps = file_stamps(files) if stamps is None else stamps
-        key = cache_key(files, stamps, size, max_pixels)
+        key = cache_key(files, stamps, size, max_pixels, source_key)
         array_path, meta_path = cache_dir / f"{key}.npy", cache_dir / f"{key}.json"
         shape = (len(files), 3, size, size)
         if meta_path.exists():  # the JSON is written last: it marks a complete cache

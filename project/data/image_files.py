@@ -15,11 +15,23 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torch.utils.data import Dataset
 
 from project.data.datamodule import ImageDataModule, available_cpus
-from project.data.folds import KFoldMixin, check_class_counts
+from project.data.folds import KFoldMixin, check_class_counts, iterative_stratification
 from project.data.image_cache import ImageCache, default_cache_dir, drop_bad, sampled_mean_std
-from project.data.images import MAX_IMAGE_PIXELS, ImageFileDataset, LabelledFiles, check_image, list_images
+from project.data.images import (
+    MAX_IMAGE_PIXELS,
+    ImageFileDataset,
+    Label,
+    LabelledFiles,
+    check_image,
+    label_targets,
+    list_images,
+)
 from project.data.tensor_dataset import TensorImageDataset
 from project.errors import UserError
+
+#: Largest `image_size`: one 8192 x 8192 RGB image is 200 MB as uint8 and 800 MB as the float32 the network
+#: sees; larger ones are a typo (or a whole-slide image, which wants tiles, not one input).
+MAX_IMAGE_SIZE = 8192
 
 
 class ImageFilesDataModule(KFoldMixin, ImageDataModule):
@@ -27,7 +39,8 @@ class ImageFilesDataModule(KFoldMixin, ImageDataModule):
 
     Subclasses implement `scan(split)`: the files of `train` (required), `val` and `test` (None when the source
     has no such split: validation is then split off the training files by `val_fraction`, stratified and seeded,
-    and testing falls back to validation). A subclass sets what `scan` needs before calling `__init__`, which
+    and testing falls back to validation). A multi-label source also says `multilabel` (its labels are then
+    each image's tags), and its validation splits and folds keep every tag's share. A subclass sets what `scan` needs before calling `__init__`, which
     scans the training split at once: its class names are linked into the model, and its checks run before
     anything trains.
 
@@ -38,7 +51,7 @@ class ImageFilesDataModule(KFoldMixin, ImageDataModule):
     the loader workers each epoch (for datasets too large for the disk cache).
 
     Args:
-        image_size: Side of the square images the network sees.
+        image_size: Side of the square images the network sees (at most 8192).
         val_fraction: Fraction of each class held out for validation when the source has no validation split.
         cache: Decode once into the memory-mapped cache (fast) instead of every epoch.
         cache_dir: Where the cache lives. Default: `$XDG_CACHE_HOME/project/images` (`~/.cache/...`).
@@ -68,9 +81,12 @@ class ImageFilesDataModule(KFoldMixin, ImageDataModule):
         crop_padding: int | None = None,
         **kwargs: Any,
     ) -> None:
+        if not 1 <= image_size <= MAX_IMAGE_SIZE:  # before crop_padding, which defaults to a share of it
+            raise UserError(
+                f"data.image_size must be between 1 and {MAX_IMAGE_SIZE} pixels (the side of the square every "
+                f"image is resized to), got {image_size}"
+            )
         super().__init__(crop_padding=image_size // 8 if crop_padding is None else crop_padding, **kwargs)
-        if image_size < 1:
-            raise UserError(f"data.image_size must be at least 1, got {image_size}")
         self.image_size = image_size
         self.cache = cache
         self.cache_dir = Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
@@ -89,7 +105,7 @@ class ImageFilesDataModule(KFoldMixin, ImageDataModule):
         if self.num_folds is not None:
             if has_val:
                 raise UserError(self.folds_with_val_split())
-            check_class_counts(train.labels, self.num_folds, train.classes)
+            check_class_counts(train.labels, self.num_folds, train.classes, self.multilabel)
         self._given_stats = mean is not None and std is not None
         if mean is not None and std is not None:
             self.mean, self.std = tuple(mean), tuple(std)
@@ -97,7 +113,8 @@ class ImageFilesDataModule(KFoldMixin, ImageDataModule):
     # -- what a source defines ---------------------------------------------------------------------------------
     def scan(self, split: str) -> LabelledFiles | None:
         """The files and labels of `split` (`train`, `val`, `test`), or None when the source has no such split.
-        The classes of `val` and `test` must be those of `train`, in the same order."""
+        The classes of `val` and `test` must be those of `train`, in the same order. For multi-label data each
+        label is the tuple of the image's tag indices."""
         raise NotImplementedError
 
     def folds_with_val_split(self) -> str:
@@ -116,6 +133,16 @@ class ImageFilesDataModule(KFoldMixin, ImageDataModule):
     def input_shape(self) -> tuple[int, int, int]:
         return (3, self.image_size, self.image_size)
 
+    @property
+    def train_files(self) -> list[str]:
+        """The training split's files (before any validation split or fold), in the order of its labels."""
+        return self.scanned("train").files
+
+    @property
+    def train_labels(self) -> list[Label]:
+        """The labels of `train_files`: class indices, or each image's tag indices for multi-label data."""
+        return self.scanned("train").labels
+
     # -- building the splits --------------------------------------------------------------------------------
     def scanned(self, split: str) -> Any:
         """`scan(split)`, once per split (typed loosely: `train` is never None)."""
@@ -133,35 +160,54 @@ class ImageFilesDataModule(KFoldMixin, ImageDataModule):
         """The decoded images of a split, loaded (or built) once per process."""
         if split not in self._caches:
             scan, size, pixels = self.scanned(split), self.image_size, self.max_image_pixels
-            build = (scan.files, size, self.cache_dir, self._workers(), scan.stamps, pixels)
+            build = (scan.files, size, self.cache_dir, self._workers(), scan.stamps, pixels, scan.source_key)
             self._caches[split] = ImageCache.load_or_build(*build)
         return self._caches[split]
 
     def _dataset(self, split: str, indices: list[int] | None = None) -> Dataset:
         """The images of `split` (train, val, test), or the rows `indices` of it."""
-        files, labels = self.scanned(split).files, self.scanned(split).labels
+        files = self.scanned(split).files
+        targets = label_targets(self.scanned(split).labels, self.num_classes, self.multilabel)
         indices = list(range(len(files))) if indices is None else indices
         if self.cache:
-            cached = self._cache(split)
+            cached = self._cache(split)  # images only: the targets come from the scan, every time
             keep = drop_bad(indices, cached.bad, files, self.skip_corrupt)
-            return TensorImageDataset(cached.images, labels, keep)
+            return TensorImageDataset(cached.images, targets, keep)
         if self.skip_corrupt:
             bad = {i: reason for i in indices if (reason := check_image(files[i], self.max_image_pixels))}
             indices = drop_bad(indices, bad, files, skip_corrupt=True)
         return ImageFileDataset(
-            [files[i] for i in indices], [labels[i] for i in indices], self.image_size, self.max_image_pixels
+            [files[i] for i in indices], targets[indices], self.image_size, self.max_image_pixels
         )
 
     def _split(self) -> tuple[list[int], list[int]]:
-        """Stratified, seeded split of the training files: (train indices, val indices)."""
+        """Stratified, seeded split of the training files: (train indices, val indices). A UserError when no
+        image is left to validate on."""
         labels = self.scanned("train").labels
         if self.num_folds is not None:
             return self.fold_indices(labels)
+        if self.multilabel:
+            train_idx, val_idx = iterative_stratification(
+                labels, [1 - self.val_fraction, self.val_fraction], self.seed
+            )
+        else:
+            train_idx, val_idx = self._class_split(labels)
+        if not val_idx:
+            raise UserError(
+                f"data.val_fraction={self.val_fraction} leaves no image to validate on: the training split has "
+                f"{len(labels)} image(s)"
+                + ("" if self.multilabel else ", and a class with a single image keeps it for training")
+                + ". Add images, raise data.val_fraction, or give the data a validation split of its own"
+            )
+        return train_idx, val_idx
+
+    def _class_split(self, labels: list[int]) -> tuple[list[int], list[int]]:
+        """`val_fraction` of each class (at least one, never all) for validation, drawn by `seed`."""
         g = torch.Generator().manual_seed(self.seed)
-        labels = torch.tensor(labels)
+        label_tensor = torch.tensor(labels)
         train_idx, val_idx = [], []
         for c in range(len(self.class_names)):
-            idx = (labels == c).nonzero().flatten()
+            idx = (label_tensor == c).nonzero().flatten()
             idx = idx[torch.randperm(len(idx), generator=g)].tolist()
             n_val = min(len(idx) - 1, max(1, round(self.val_fraction * len(idx)))) if len(idx) > 1 else 0
             val_idx += idx[:n_val]

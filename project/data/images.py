@@ -17,15 +17,32 @@ from project.errors import UserError
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp", ".gif")
 
 
+#: One image's label: its class index, or, for multi-label data, the indices of the tags it has (maybe none).
+Label = int | tuple[int, ...]
+
+
 class LabelledFiles(NamedTuple):
     """Image files with their labels, as a data source lists them (a scan of class folders, a CSV): files
     (absolute paths, as strings: a Path per file would cost more than the scan) and labels in order, the class
-    names, and each file's (size, modification time) as the scan saw them, which the image cache is keyed by."""
+    (or tag) names, each file's (size, modification time) as the scan saw them, which the image cache is keyed
+    by, and `source_key`: whatever else the cache is keyed by (a hash of the CSV the labels come from)."""
 
     files: list[str]
-    labels: list[int]
+    labels: list[Label]
     classes: list[str]
     stamps: list[tuple[int, int]]
+    source_key: str = ""
+
+
+def label_targets(labels: Sequence[Label], num_classes: int, multilabel: bool) -> torch.Tensor:
+    """The training targets of `labels`: int64 class indices (N,), or for multi-label data float32 multi-hot
+    rows (N, num_classes), as BCE-with-logits losses and torchmetrics' multilabel metrics take them."""
+    if not multilabel:
+        return torch.as_tensor(labels, dtype=torch.long)
+    targets = torch.zeros(len(labels), num_classes, dtype=torch.float32)
+    for row, tags in enumerate(labels):
+        targets[row, list(tags)] = 1.0  # pyright: ignore[reportArgumentType]  # multi-label: a tuple of tags
+    return targets
 
 
 def list_images(folder: Path) -> list[Path]:
@@ -35,21 +52,40 @@ def list_images(folder: Path) -> list[Path]:
     return [Path(f) for f in found]
 
 
-def _scan(folder: str, found: list[str], stamps: list[tuple[int, int]] | None) -> None:
+def _scan(
+    folder: str,
+    found: list[str],
+    stamps: list[tuple[int, int]] | None,
+    seen: set[tuple[int, int]] | None = None,
+) -> None:
     """One `os.scandir` pass, depth-first in name order (the order of sorted paths): each image file is
-    appended to `found` and, when `stamps` is given, stat'ed once for its (size, mtime in ns)."""
-    with os.scandir(folder) as entries:
-        entries = sorted(entries, key=lambda e: e.name)
-    for entry in entries:
-        if entry.name.startswith("."):
-            continue
-        if entry.is_dir():
-            _scan(entry.path, found, stamps)
-        elif entry.name.lower().endswith(IMAGE_EXTENSIONS):
-            found.append(entry.path)
-            if stamps is not None:
-                st = entry.stat()
-                stamps.append((st.st_size, st.st_mtime_ns))
+    appended to `found` and, when `stamps` is given, stat'ed once for its (size, mtime in ns).
+
+    Symbolic links are followed; one that leads back into a folder already being scanned (a loop) is a
+    UserError naming it, as is an entry that cannot be read."""
+    seen = set() if seen is None else seen
+    try:
+        st = os.stat(folder)
+        if (st.st_dev, st.st_ino) in seen:
+            raise UserError(
+                f"{folder} leads back to a folder it is inside (a loop of symbolic links): remove the link on "
+                "that path, or replace it with the images it should point to"
+            )
+        with os.scandir(folder) as it:
+            entries = sorted(it, key=lambda e: e.name)
+        seen = seen | {(st.st_dev, st.st_ino)}
+        for entry in entries:
+            if entry.name.startswith("."):
+                continue
+            if entry.is_dir():
+                _scan(entry.path, found, stamps, seen)
+            elif entry.name.lower().endswith(IMAGE_EXTENSIONS):
+                if stamps is not None:
+                    st = entry.stat()
+                    stamps.append((st.st_size, st.st_mtime_ns))
+                found.append(entry.path)
+    except OSError as e:
+        raise UserError(f"cannot read {e.filename or folder}: {e.strerror or e}") from None
 
 
 def scan_class_folders(folder: Path, classes: list[str] | None = None) -> LabelledFiles:
@@ -63,6 +99,14 @@ def scan_class_folders(folder: Path, classes: list[str] | None = None) -> Labell
         raise UserError(f"data folder {folder} does not exist or is not a directory")
     folder = folder.resolve()  # once: the cache key uses these absolute paths
     found = sorted(d.name for d in folder.iterdir() if d.is_dir() and not d.name.startswith("."))
+    by_case: dict[str, list[str]] = {}
+    for name in found:
+        by_case.setdefault(name.casefold(), []).append(name)
+    if clash := next((names for names in by_case.values() if len(names) > 1), None):
+        raise UserError(
+            f"class folders {' and '.join(clash)} of {folder} differ only in case: they would be two classes here "
+            "and one on a case-insensitive file system (macOS, Windows); merge them or rename one"
+        )
     if not found:
         raise UserError(
             f"data folder {folder} has no class sub-folders; expected {folder}/<class name>/<images>"
@@ -180,14 +224,15 @@ def check_image(path: Path, max_pixels: int = MAX_IMAGE_PIXELS) -> str | None:
 class ImageFileDataset(Dataset):
     """Decodes one image per `__getitem__`: the path for datasets too large to cache, and for prediction.
 
-    Yields (uint8 (3, size, size) tensor, target); the target is the label, or the index when `labels`
-    is None (prediction).
+    Yields (uint8 (3, size, size) tensor, target); the target is the label (a row of `labels`: an int, or
+    for a tensor of targets its row, such as a float32 multi-hot vector), or the index when `labels` is None
+    (prediction).
     """
 
     def __init__(
         self,
         files: Sequence[str | Path],
-        labels: list[int] | None,
+        labels: Sequence[int] | torch.Tensor | None,
         size: int,
         max_pixels: int = MAX_IMAGE_PIXELS,
     ) -> None:
@@ -201,7 +246,7 @@ class ImageFileDataset(Dataset):
     def __len__(self) -> int:
         return len(self.files)
 
-    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int | torch.Tensor]:
         image = (
             torch.from_numpy(load_image(self.files[i], self.size, self.max_pixels))
             .permute(2, 0, 1)

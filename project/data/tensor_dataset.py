@@ -11,7 +11,8 @@ from torch.utils.data import Dataset
 
 
 class TensorImageDataset(Dataset):
-    """Images (N, C, H, W) uint8 plus one int64 target per image (a label, or the index for prediction).
+    """Images (N, C, H, W) uint8 plus one target per image: an int64 label, a float32 multi-hot row for
+    multi-label data, or the index for prediction.
 
     The DataLoader's fetcher calls `__getitems__` with all of a batch's indices, so a batch is a single
     gather from the big tensor: no per-sample PIL work, no per-sample collate. `images` may also be a
@@ -19,7 +20,8 @@ class TensorImageDataset(Dataset):
 
     Args:
         images: (N, C, H, W) uint8 tensor or numpy array.
-        targets: (N,) labels, or None to yield each sample's index instead (prediction).
+        targets: (N,) labels, or a tensor of per-image targets kept as it is (float32 (N, tags) multi-hot
+            rows for multi-label data), or None to yield each sample's index instead (prediction).
         indices: Optional subset of rows (a train/val split) without copying the images.
         sample_transform: Optional per-image transform on uint8 (C, H, W) tensors, e.g. TrivialAugmentWide;
             it runs in the DataLoader workers. Its random draws come from a generator seeded per batch from
@@ -43,7 +45,9 @@ class TensorImageDataset(Dataset):
         self.images = images
         n = len(images)
         self.indices = torch.as_tensor(indices if indices is not None else range(n), dtype=torch.long)
-        self.targets = None if targets is None else torch.as_tensor(targets, dtype=torch.long)
+        if targets is not None and not isinstance(targets, Tensor):
+            targets = torch.as_tensor(targets, dtype=torch.long)  # a list of labels
+        self.targets = targets
         self.sample_transform = sample_transform
         self.return_rows = False
 
