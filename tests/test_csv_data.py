@@ -91,7 +91,7 @@ def bad_csv_cases(tmp_path: Path) -> dict[str, tuple[dict, list[str]]]:
     return {
         "missing-file": ({"csv": w(d / "m.csv", [*good[:2], "img/nope.png,a", "img/gone.png,b"])}, ["m.csv row 4", "'img/nope.png'", "and 1 more row"]),
         "no-such-column": ({"csv": w(d / "c.csv", good), "label_column": "kind"}, ["c.csv", "'kind'", "row 1", "file, label"]),
-        "empty-label": ({"csv": w(d / "e.csv", [*good[:3], "img/3.png,"])}, ["e.csv row 5", "'img/3.png'", "empty"]),
+        "empty-label": ({"csv": w(d / "e.csv", [*good[:3], "img/3.png,"])}, ["e.csv row 5", "'label'", "empty"]),
         "two-labels": ({"csv": w(d / "t.csv", [*good, "img/2.png,b"])}, ["t.csv rows 4 and 8", "2.png", "'a' and 'b'"]),
         "empty": ({"csv": w(d / "empty.csv", [], header="")}, ["empty.csv has no rows"]),
         "header-only": ({"csv": w(d / "h.csv", [])}, ["h.csv has a header row only"]),
@@ -104,7 +104,7 @@ def bad_csv_cases(tmp_path: Path) -> dict[str, tuple[dict, list[str]]]:
             ["v.csv row 3", "'zebra'", "tr.csv"],
         ),
         "not-0-or-1": (
-            {"csv": w(d / "oh.csv", ["img/0.png,1,0", "img/1.png,yes,1"], header="file,a,b"), "label_columns": ["a", "b"]},
+            {"csv": w(d / "oh.csv", ["img/0.png,1,0.0", "img/1.png,yes,1"], header="file,a,b"), "label_columns": ["a", "b"]},
             ["oh.csv row 3", "'a'", "'yes'"],
         ),
         "missing-tag-column": (
@@ -175,7 +175,7 @@ def test_the_cache_is_rebuilt_when_the_csv_changes(tmp_path):
     assert dm.train_labels[0] == 1
 
 
-def test_val_test_and_predict_csvs(tmp_path):
+def test_val_test_and_predict_csvs(tmp_path, capsys):
     csv = dataset(tmp_path)
     d = csv.parent
     val = write_csv(d / "val.csv", ["img/0.png,a", "img/1.png,b"])
@@ -190,6 +190,7 @@ def test_val_test_and_predict_csvs(tmp_path):
         and dm.test_set.targets.tolist() == [2]
     )
     assert [Path(n).name for n in dm.predict_names] == ["5.png", "4.png"]
+    assert "val.csv: 2 image(s) are in the training CSV" in capsys.readouterr().err
     with pytest.raises(UserError, match="data.num_folds=3 with data.val_csv"):
         csv_dm(csv, tmp_path, val_csv=str(val), num_folds=3)
 
@@ -303,6 +304,7 @@ def test_fit_with_configs_csv_yaml(tmp_path):
         "--model.net", "SimpleCNN", "--model.net.init_args.width", "4", "--model.net.init_args.hidden", "8",
         "--data.image_size", "8", "--data.batch_size", "4", "--data.num_workers", "0",
         "--trainer.accelerator", "cpu", "--trainer.precision", "32-true", "--trainer.fast_dev_run", "true",
+        "--data.num_folds", "3", "--data.fold", "1",
         "--trainer.enable_progress_bar", "false", "--trainer.default_root_dir", tmp_path / "logs",
     ]  # fmt: skip
     main([str(a) for a in args])

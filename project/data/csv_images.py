@@ -11,6 +11,9 @@ from project.data.image_files import ImageFilesDataModule
 from project.data.images import IMAGE_EXTENSIONS, Label, LabelledFiles
 from project.errors import UserError, warn
 
+#: The values of a label column (`label_columns`) that say an image has, or has not, its tag.
+ONE, ZERO = {"1", "1.0"}, {"0", "0.0"}
+
 
 class ImageCSVDataModule(ImageFilesDataModule):
     """Images listed in a CSV with their labels (decoded, cached, split and checked by `ImageFilesDataModule`).
@@ -88,6 +91,12 @@ class ImageCSVDataModule(ImageFilesDataModule):
         path = self.csvs[split]
         header, rows, digest = read_csv(path)
         path_at = self._column(path, header, self.path_column, 0, "data.path_column")
+        if self.label_columns is not None:
+            label_at = [
+                self._column(path, header, name, None, "data.label_columns") for name in self.label_columns
+            ]
+        else:
+            label_at = [self._column(path, header, self.label_column, 1, "data.label_column")]
         files, stamps, written, row_numbers = [], [], [], []  # written: each label as the CSV spells it
         position: dict[str, int] = {}  # file -> its place in `files`
         missing: list[tuple[int, str]] = []
@@ -105,7 +114,7 @@ class ImageCSVDataModule(ImageFilesDataModule):
                     f"{path} row {row}: {value!r} matches {len(found)} images ({', '.join(found)}); give the extension"
                 )
             file, stamp = found
-            label = self._label(path, header, row, cells)
+            label = self._label(path, header, row, cells, label_at)
             if file in position:
                 before = position[file]
                 if written[before] != label:
@@ -132,35 +141,35 @@ class ImageCSVDataModule(ImageFilesDataModule):
             warn(
                 f"{path} row(s) {shown} repeat an image listed before with the same label; each image counts once"
             )
-        classes = self._classes(path, written) if split == "train" else self.class_names
+        if split == "train":
+            classes = self._classes(path, written)
+        else:
+            classes = self.class_names
+            self._warn_overlap(path, files, row_numbers)
         return LabelledFiles(
             files, self._indices(path, row_numbers, written, classes), classes, stamps, digest
         )
 
     # -- reading labels ------------------------------------------------------------------------------------------
-    def _label(self, path: Path, header: list[str], row: int, cells: list[str]) -> str | tuple[str, ...]:
-        """A row's label (single-label) or its tags (multi-label), as written."""
+    def _label(
+        self, path: Path, header: list[str], row: int, cells: list[str], at: list[int]
+    ) -> str | tuple[str, ...]:
+        """A row's label (single-label) or its tags (multi-label), as written; `at`: the label column(s)."""
+        values = [_cell(path, row, cells, i, header) for i in at]
         if self.label_columns is not None:
-            tags = []
-            for name in self.label_columns:
-                value = _cell(
-                    path, row, cells, self._column(path, header, name, None, "data.label_columns"), header
-                )
-                if value not in ("0", "1"):
+            for name, value in zip(self.label_columns, values, strict=True):
+                if value not in ONE | ZERO:
                     raise UserError(
                         f"{path} row {row}: column {name!r} holds {value!r}; label_columns hold 0 or 1"
                     )
-                if value == "1":
-                    tags.append(name)
-            return tuple(tags)
-        value = _cell(
-            path, row, cells, self._column(path, header, self.label_column, 1, "data.label_column"), header
-        )
+            return tuple(name for name, value in zip(self.label_columns, values, strict=True) if value in ONE)
         if self.multilabel:
-            return tuple(sorted({tag.strip() for tag in value.split(self.label_separator) if tag.strip()}))
-        if not value:
-            raise UserError(f"{path} row {row}: the label of {cells[0]!r} is empty")
-        return value
+            return tuple(
+                sorted({tag.strip() for tag in values[0].split(self.label_separator) if tag.strip()})
+            )
+        if not values[0]:
+            raise UserError(f"{path} row {row}: the label in column {header[at[0]]!r} is empty")
+        return values[0]
 
     def _classes(self, path: Path, written: list[Any]) -> list[str]:
         """The class (or tag) names, from the training CSV's labels."""
@@ -202,6 +211,17 @@ class ImageCSVDataModule(ImageFilesDataModule):
                 f"{path} has no column {name!r} ({key}); row 1 (the header) has: {', '.join(header)}"
             )
         return header.index(name)
+
+    def _warn_overlap(self, path: Path, files: list[str], rows: list[int]) -> None:
+        """A warning when a validation or test CSV lists training images: their scores would flatter the model."""
+        training = set(self.train_files)
+        shared = [(row, file) for row, file in zip(rows, files, strict=True) if file in training]
+        if shared:
+            row, file = shared[0]
+            warn(
+                f"{path}: {len(shared)} image(s) are in the training CSV {self.csvs['train']} too (first: row {row}, "
+                f"{file}); scores on images the model trained on overstate how well it does"
+            )
 
     # -- splits and prediction ----------------------------------------------------------------------------------
     def folds_with_val_split(self) -> str:
