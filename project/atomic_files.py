@@ -9,13 +9,19 @@ truncated target.
 """
 
 import os
+import re
 import shutil
+import signal
+import sys
 import tempfile
+import threading
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 PARTIAL_SUFFIX = ".partial"
+#: The hidden staging folders of `staged_outputs`, named by the process that writes them.
+STAGING = re.compile(r"^\.staging-(\d+)-")
 
 
 def partial_path(path: str | os.PathLike) -> Path:
@@ -70,6 +76,50 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
         tmp.write_text(text)
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def remove_stale_staging(output_dir: Path) -> None:
+    """Remove the staging folders in `output_dir` left by processes that are gone (killed by SIGKILL)."""
+    for folder in output_dir.glob(".staging-*"):
+        match = STAGING.match(folder.name)
+        if match and int(match[1]) != os.getpid() and not _alive(int(match[1])):
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+class Terminated(SystemExit):
+    """SIGTERM arrived while outputs were being staged: raised in the main thread so the staging is undone."""
+
+
+@contextmanager
+def _sigterm_raises(what: str) -> Iterator[None]:
+    """Within the block, SIGTERM (whose default action ends the process at once, skipping every `finally`)
+    prints one line and raises `Terminated`, where no other handler is installed."""
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) not in (
+        signal.SIG_DFL,
+        None,
+    ):
+        yield
+        return
+
+    def stop(signum: int, frame: object) -> None:
+        print(f"error: stopped by SIGTERM while writing {what}; nothing was written there", file=sys.stderr)
+        raise Terminated(128 + signal.SIGTERM)
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 @contextmanager
 def staged_outputs(
     output_dir: str | os.PathLike, last: tuple[str, ...] = (".json",), replaces: Iterable[str] = ()
@@ -79,23 +129,26 @@ def staged_outputs(
     Files are written and verified in the staging folder, fsync'ed, then renamed into place. Files whose
     names end with one of `last` move last, so a metadata JSON never names a model that is not there yet; the
     files named in `replaces` that were not written this time are removed (an earlier set of outputs is
-    replaced whole). On any exception nothing is moved, the staging folder is deleted, and an `output_dir`
-    this call created is removed again.
+    replaced whole). On any exception, or SIGTERM, nothing is moved, the staging folder is deleted, and an
+    `output_dir` this call created is removed again. Staging folders of processes killed outright (SIGKILL)
+    are removed by the next call for the same folder.
     """
     output_dir = Path(output_dir)
     created = not output_dir.exists()
     output_dir.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=output_dir))
+    remove_stale_staging(output_dir)
+    staging = Path(tempfile.mkdtemp(prefix=f".staging-{os.getpid()}-", dir=output_dir))
     try:
-        yield staging
-        files = sorted(staging.iterdir(), key=lambda p: (p.name.endswith(last), p.name))
-        for file in files:
-            _fsync_file(file)
-        for file in files:
-            os.replace(file, output_dir / file.name)
-        for name in set(replaces) - {file.name for file in files}:
-            (output_dir / name).unlink(missing_ok=True)
-        fsync_folder(output_dir)
+        with _sigterm_raises(str(output_dir)):
+            yield staging
+            files = sorted(staging.iterdir(), key=lambda p: (p.name.endswith(last), p.name))
+            for file in files:
+                _fsync_file(file)
+            for file in files:
+                os.replace(file, output_dir / file.name)
+            for name in set(replaces) - {file.name for file in files}:
+                (output_dir / name).unlink(missing_ok=True)
+            fsync_folder(output_dir)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         if created and not any(output_dir.iterdir()):

@@ -364,12 +364,15 @@ def test_a_study_killed_in_its_second_trial_finishes_on_rerun_counting_no_trial_
     assert len(finished) == 3 and 1 not in [t.number for t in finished]
     (retry,) = [t for t in finished if RetryHeartbeatStaleTrialCallback.retried_trial_number(t) == 1]
     assert retry.params == next(t for t in study.get_trials() if t.number == 1).params
-    folders = [t.user_attrs["folder"] for t in study.get_trials()]
-    assert len(set(folders)) == len(folders) and (trials / "trial_1").exists()  # its folder kept apart
+    # The retry continues the killed trial's run in its folder, from the last.ckpt its fit saved on the way out.
+    assert retry.user_attrs["folder"] == str(trials / "trial_1")
     records = json.loads((trials.parent / "trials.json").read_text())["trials"]
     assert sorted(r["trial"] for r in records if r["state"] == "COMPLETE") == sorted(
         t.number for t in finished
     )
+    assert {r["trial"]: r["state"] for r in records}[
+        1
+    ] == f"FAIL (its worker stopped), continued by trial {retry.number}"
 
 
 def test_the_default_objective_is_the_tasks_monitored_metric(tmp_path):

@@ -27,6 +27,7 @@ from lightning.pytorch.utilities import rank_zero_only
 
 from project.errors import UserError, warn
 from project.run.lightning_private import drop_wandb_init_argument
+from project.run.provenance import redacted_argv
 
 OFFLINE_MODES = ("offline", "dryrun", "disabled")
 _loggers: list["WandbLogger"] = []
@@ -102,7 +103,8 @@ class WandbLogger(loggers.WandbLogger):
 
     def _init_run(self) -> None:
         try:
-            loggers.WandbLogger.experiment.fget(self)
+            with redacted_argv():  # wandb records the command line in the run's metadata
+                loggers.WandbLogger.experiment.fget(self)
         except BaseException as e:  # raised where the run is first needed, in the main thread
             self._start_error = e
 

@@ -24,7 +24,9 @@ refused before the first fold trains.
 
 import json
 import math
+import signal
 import statistics
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -32,7 +34,7 @@ from typing import Any
 import torch
 import yaml
 
-from project.atomic_files import atomic_write_text
+from project.atomic_files import atomic_write_text, check_writable
 from project.errors import UserError, warn
 from project.run.resume import MAY_CHANGE
 from project.run.run_folder import DEFAULT_ROOT_DIR
@@ -48,6 +50,7 @@ from project.studies.runner import (
     read_json,
     run_fit,
     setting_name,
+    shown,
     wandb_env,
     write_results,
 )
@@ -95,7 +98,10 @@ def continues_alike(study_dir: Path) -> Callable[[dict[str, Any], dict[str, Any]
     def accept(before: dict[str, Any], now: dict[str, Any], changed: list[str]) -> None:
         def differs(key: str) -> str:
             was, has = before.get(key), now.get(key)
-            return f"the cross-validation {study_dir} was started with {setting_name(key)}={was!r}, this command has {has!r}"
+            return (
+                f"the cross-validation {study_dir} was started with {setting_name(key)}={shown(was)}, this "
+                f"command has {shown(has)}"
+            )
 
         folds = sorted(study_dir.glob("fold_*"), key=lambda p: p.name)
         finished = [p.name for p in folds if (p / RESULT_FILE).exists()]
@@ -227,6 +233,7 @@ def cv(
         test_ensemble = False
     name = name or config_stem(fit_args, "cv")
     study_dir = Path(config.trainer.default_root_dir or DEFAULT_ROOT_DIR) / "cv" / name
+    check_writable(study_dir, "trainer.default_root_dir")
     claim_folder(
         study_dir,
         {"folds": folds, "fit": yaml.safe_load(parser.dump(config))},
@@ -241,7 +248,11 @@ def cv(
             continue
         with folder_lock(fold_dir, f"fold {k}"):
             env = wandb_env(f"cv-{name}", f"{name}-fold_{k}", "cv-fold")
-            run_fit([*fit_args, *fold_flags, str(k)], fold_dir, f"fold {k} of {folds}", env, resume=True)
+            # A fold with a checkpoint continues its run; a new one starts (`--ckpt_path last` would say so).
+            resume = any(fold_dir.rglob("*.ckpt"))
+            hint = f"rerun the same cv command to continue: fold {k} resumes from its last.ckpt"
+            fit_args_k = [*fit_args, *fold_flags, str(k)]
+            run_fit(fit_args_k, fold_dir, f"fold {k} of {folds}", env, resume=resume, continue_hint=hint)
             result = fold_result(fold_dir, k)
             atomic_write_text(
                 fold_dir / RESULT_FILE, json.dumps(result, indent=2) + "\n"
@@ -283,4 +294,11 @@ def parse_args(args: list[str]) -> dict:
 
 
 def main(args: list[str]) -> None:
-    cv(**parse_args(args))
+    try:
+        cv(**parse_args(args))
+    except KeyboardInterrupt:  # outside a fold's fit (which says what continues it): nothing to save
+        print(
+            "error: stopped by Ctrl-C; rerun the same command to continue the cross-validation",
+            file=sys.stderr,
+        )
+        raise SystemExit(128 + signal.SIGINT) from None

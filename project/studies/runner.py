@@ -24,6 +24,7 @@ from jsonargparse import Namespace
 
 from project.atomic_files import atomic_write_text, staged_outputs
 from project.errors import UserError
+from project.run.interrupts import STUDY_RUN_ENV
 
 SETTINGS_FILE = "settings.json"
 #: Forwarded flags the study sets itself for every fit.
@@ -90,9 +91,19 @@ def check_produces_metric(config: Namespace, what: str, metric: str, needs_best_
 
 # -- folders -------------------------------------------------------------------------------------------------
 def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(value, dict):
+    """Dotted keys to single values (a list's items by index, `trainer.logger.0.init_args.name`), so a changed
+    setting is named down to the value that differs."""
+    if isinstance(value, dict) and value:
         return {k: v for key, item in value.items() for k, v in _flatten(item, f"{prefix}{key}.").items()}
+    if isinstance(value, list) and value:
+        return {k: v for i, item in enumerate(value) for k, v in _flatten(item, f"{prefix}{i}.").items()}
     return {prefix.rstrip("."): value}
+
+
+def shown(value: Any, limit: int = 80) -> str:
+    """A recorded setting's value for a one-line message: its repr, shortened in the middle when long."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[: limit // 2 - 2]} ... {text[-(limit // 2 - 3) :]}"
 
 
 def claim_folder(
@@ -124,8 +135,8 @@ def claim_folder(
         return
     key = changed[0]
     raise UserError(
-        f"{what} {folder} was started with {setting_name(key)}={before.get(key)!r}, this command has "
-        f"{now.get(key)!r}: rerun it with the same settings to continue it, choose another {name_flag}, "
+        f"{what} {folder} was started with {setting_name(key)}={shown(before.get(key))}, this command has "
+        f"{shown(now.get(key))}: rerun it with the same settings to continue it, choose another {name_flag}, "
         "or delete the folder to start over"
     )
 
@@ -176,38 +187,55 @@ def _stop_with_parent(parent: int) -> Callable[[], None]:
     return arrange
 
 
-def run_fit(fit_args: Sequence[str], root_dir: Path, what: str, env: dict[str, str], resume: bool) -> None:
+class Interrupted(SystemExit):
+    """A study stopped by Ctrl-C or SIGTERM while a fit ran: the fit has saved its state and stopped; the
+    one-line message has been printed. Not an `Exception`, so Optuna does not record the trial as failed."""
+
+
+def run_fit(
+    fit_args: Sequence[str],
+    root_dir: Path,
+    what: str,
+    env: dict[str, str],
+    resume: bool,
+    continue_hint: str = "rerun the same command to continue",
+) -> None:
     """`python -m project fit <fit_args>` with `root_dir` as its trainer.default_root_dir, and `--ckpt_path
-    last` with `resume` (continues the run in that folder, or starts it). Waits for it; FitFailed unless it
-    finished. A SIGTERM to this process goes to the fit too; once the fit has saved and stopped, this process
-    exits with status 143, leaving the run to be resumed."""
+    last` with `resume` (continues the run in that folder). Waits for it; FitFailed unless it finished.
+    Ctrl-C (which reaches the fit too) or a SIGTERM to this process (forwarded to the fit): once the fit has
+    saved its last.ckpt and stopped, one `error:` line naming `what` and `continue_hint`, and `Interrupted`."""
     command = [sys.executable, "-m", "project", "fit", *map(str, fit_args)]
     command += ["--trainer.default_root_dir", str(root_dir), *(["--ckpt_path", "last"] if resume else [])]
     print(f"{what}: {shlex.join(['python', *command[1:]])}", flush=True)
     # Each fit its own W&B service: a child joining this process's (WANDB_SERVICE, set once wandb ran here)
     # would leave its run registered there if killed, and its resumed run, under the same id, be refused.
+    # STUDY_RUN_ENV: a fit stopped early leaves the word to the study, which knows the command that continues.
     child_env = {k: v for k, v in (os.environ | env).items() if k != "WANDB_SERVICE"}
+    child_env[STUDY_RUN_ENV] = what
     process = subprocess.Popen(command, env=child_env, preexec_fn=_stop_with_parent(os.getpid()))
-    stopped: list[int] = []
+    stopped: list[str] = []
 
     def forward(signum: int, frame: Any) -> None:
-        stopped.append(signum)
+        stopped.append("SIGTERM")
         if process.poll() is None:
             process.send_signal(signum)
 
     previous = signal.signal(signal.SIGTERM, forward)
     try:
         code = process.wait()
-    except KeyboardInterrupt:  # Ctrl-C reached the fit too (same process group): let it end first
-        process.wait()
-        raise
+    except KeyboardInterrupt:  # Ctrl-C reached the fit too (same process group): let it save and end first
+        stopped.append("Ctrl-C")
+        with contextlib.suppress(KeyboardInterrupt):  # a second Ctrl-C: the fit stops at once, so do we
+            process.wait()
+        code = process.poll()
     finally:
         signal.signal(signal.SIGTERM, previous)
     if stopped:
-        print(f"error: stopped by SIGTERM during {what}; rerun the same command to continue", file=sys.stderr)
-        raise SystemExit(128 + signal.SIGTERM)
+        signum = signal.SIGINT if stopped[0] == "Ctrl-C" else signal.SIGTERM
+        print(f"error: stopped by {stopped[0]} during {what}; {continue_hint}", file=sys.stderr, flush=True)
+        raise Interrupted(128 + signum)
     if code != 0:
-        reason = f"killed by signal {-code}" if code < 0 else f"exit status {code}"
+        reason = f"killed by signal {-code}" if code is not None and code < 0 else f"exit status {code}"
         raise FitFailed(f"{what} did not finish ({reason}; its output is above); its run is in {root_dir}")
 
 
@@ -253,16 +281,19 @@ def log_table(
     the training runs. Returns the run's folder."""
     import wandb
 
-    run = wandb.init(
-        project=project,
-        dir=str(folder),
-        group=group,
-        job_type=job_type,
-        name=f"{group}-{job_type}",
-        # WANDB_MODE, when set, wandb reads and checks itself (its older names `dryrun` and `run` included).
-        mode=None if "WANDB_MODE" in os.environ else "offline",
-        reinit="finish_previous",
-    )
+    from project.run.provenance import redacted_argv
+
+    with redacted_argv():  # wandb records the command line (a storage URL's password) in the run's metadata
+        run = wandb.init(
+            project=project,
+            dir=str(folder),
+            group=group,
+            job_type=job_type,
+            name=f"{group}-{job_type}",
+            # WANDB_MODE, when set, wandb reads and checks itself (its older names `dryrun` and `run` included).
+            mode=None if "WANDB_MODE" in os.environ else "offline",
+            reinit="finish_previous",
+        )
     try:
         table = wandb.Table(columns=list(columns), data=[list(row) for row in rows], allow_mixed_types=True)
         run.log({key: table})

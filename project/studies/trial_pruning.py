@@ -2,7 +2,8 @@
 
 `tune` adds it to each trial's command line (`--trainer.callbacks+=...`) with the study's name, the trial's
 number and the pruner's settings; the storage URL comes through the environment (`PROJECT_TUNE_STORAGE`), so
-a database password never lands in the run's config.yaml, its W&B config or the process list.
+a database password never lands in the run's config.yaml, its W&B config or the process list, and so does the
+trial's number (`PROJECT_TUNE_TRIAL`), so a trial that continues a stopped one resumes its run unchanged.
 """
 
 import os
@@ -15,6 +16,10 @@ from lightning.pytorch.callbacks import Callback
 from project.errors import UserError
 
 STORAGE_ENV = "PROJECT_TUNE_STORAGE"
+#: The trial a fit is, set by `tune` for each: a trial that continues another's run keeps its config unchanged.
+TRIAL_ENV = "PROJECT_TUNE_TRIAL"
+#: The user attribute a trial's fit sets when the search's metric is not among what it logs (the study stops).
+METRIC_MISSING_ATTR = "metric_missing"
 #: The user attribute a pruned trial's fit sets: how many validations it ran before it was stopped.
 PRUNED_ATTR = "pruned_after_validations"
 Pruner = Literal["median", "hyperband", "none"]
@@ -43,7 +48,7 @@ class TrialPruning(Callback):
 
     Args:
         study_name: The Optuna study.
-        trial_number: The trial this fit is.
+        trial_number: The trial this fit is; default: the environment variable PROJECT_TUNE_TRIAL.
         monitor: The metric reported and optimised (logged by the model, e.g. `val/acc_best`).
         pruner: `median` (Optuna's MedianPruner), `hyperband` (HyperbandPruner) or `none`.
         startup_trials: Median pruner: no pruning until this many trials have finished.
@@ -54,7 +59,7 @@ class TrialPruning(Callback):
     def __init__(
         self,
         study_name: str,
-        trial_number: int,
+        trial_number: int | None = None,
         monitor: str = "val/acc_best",
         pruner: Pruner = "median",
         startup_trials: int = 5,
@@ -67,16 +72,26 @@ class TrialPruning(Callback):
         self._trial: optuna.trial.Trial | None = None
         self._validations = 0
 
-    def _connect(self) -> optuna.trial.Trial:
+    def _url(self) -> str:
         url = self.storage or os.environ.get(STORAGE_ENV)
         if not url:
             raise UserError(f"TrialPruning needs the study's storage URL: set {STORAGE_ENV} (tune does)")
-        storage = optuna.storages.RDBStorage(url)
-        study = optuna.load_study(study_name=self.study_name, storage=storage, pruner=self.pruner)
-        study_id = storage.get_study_id_from_name(self.study_name)
-        return optuna.trial.Trial(
-            study, storage.get_trial_id_from_study_id_trial_number(study_id, self.trial_number)
-        )
+        return url
+
+    def _connect(self) -> optuna.trial.Trial:
+        from project.studies.storage import lost, open_storage
+
+        url = self._url()
+        number = self.trial_number if self.trial_number is not None else os.environ.get(TRIAL_ENV)
+        if number is None:
+            raise UserError(f"TrialPruning needs the trial's number: set {TRIAL_ENV} (tune does)")
+        storage = open_storage(url, flag=STORAGE_ENV)
+        with lost(url, f"trial {number}", "rerun the tune command to continue the study"):
+            study = optuna.load_study(study_name=self.study_name, storage=storage, pruner=self.pruner)
+            study_id = storage.get_study_id_from_name(self.study_name)
+            return optuna.trial.Trial(
+                study, storage.get_trial_id_from_study_id_trial_number(study_id, int(number))
+            )
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.is_global_zero and self._trial is None:
@@ -89,15 +104,20 @@ class TrialPruning(Callback):
         prune = False
         if trainer.is_global_zero:
             value = trainer.callback_metrics.get(self.monitor)
-            if value is None:
-                logged = ", ".join(sorted(k for k in trainer.callback_metrics if "/" in k))
-                raise UserError(f"the search's metric {self.monitor} was not logged (logged: {logged})")
             trial = self._trial
             assert trial is not None  # connected by on_fit_start, on this same global-zero process
-            trial.report(float(value), step=self._validations)
-            prune = trial.should_prune()
-            if prune:
-                trial.set_user_attr(PRUNED_ATTR, self._validations)
+            from project.studies.storage import lost
+
+            with lost(self._url(), f"trial {trial.number}", "rerun the tune command to continue the study"):
+                if value is None:
+                    logged = ", ".join(sorted(k for k in trainer.callback_metrics if "/" in k))
+                    message = f"the metric {self.monitor} is never logged by the fit (it logs {logged})"
+                    trial.set_user_attr(METRIC_MISSING_ATTR, message)
+                    raise UserError(f"the search's {message}: set metric in the search file to one of them")
+                trial.report(float(value), step=self._validations)
+                prune = trial.should_prune()
+                if prune:
+                    trial.set_user_attr(PRUNED_ATTR, self._validations)
         if trainer.strategy.broadcast(prune):
             trainer.should_stop = True
 
