@@ -18,7 +18,8 @@ if TYPE_CHECKING:
 
 class PredictionWriter(BasePredictionWriter):
     """Writes one CSV row per input as batches are predicted: the input's name, then the task's own columns
-    (`prediction_header`, `prediction_row`: for `ImageClassifier`, class_index, class_name, probability).
+    (`prediction_columns`, `prediction_row`: for `ImageClassifier`, class_index, class_name, probability; for
+    `MultiLabelClassifier`, the labels and each tag's probability).
 
     The input is the image's path for folders, `<dataset>/<split>/<index>` for CIFAR. Rows are written per
     batch, so memory does not grow with the dataset. With several processes each writes its own part
@@ -45,7 +46,7 @@ class PredictionWriter(BasePredictionWriter):
         self._open = contextlib.ExitStack()
         tmp = self._open.enter_context(atomic_path(path))
         self._writer = csv.writer(self._open.enter_context(open(tmp, "w", newline="")))  # noqa: SIM115 - spans hooks
-        self._writer.writerow(["input", *_task(pl_module).prediction_header])
+        self._writer.writerow(["input", *_task(pl_module).prediction_columns()])
 
     def write_on_batch_end(
         self, trainer, pl_module, prediction, batch_indices, batch, batch_idx, dataloader_idx

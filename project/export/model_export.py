@@ -18,6 +18,7 @@ from torch import nn
 
 from project.atomic_files import check_writable, staged_outputs
 from project.errors import UserError
+from project.export.decoding import deployed
 from project.export.runtimes import INPUT_NAME, OUTPUT_NAME, ort_session
 from project.export.trained import TrainedModel, load_trained
 
@@ -181,9 +182,11 @@ def export_trained(
     With `overwrite`, an earlier export there is replaced whole: its files of formats not written now go too.
     """
     present = claim_output_dir(output_dir, overwrite, (*FILES.values(), METADATA))
-    net, pre = trained.net.eval(), trained.preprocessing
-    # The task's account of its outputs (checkpoints written before tasks recorded one are single-label).
-    task = trained.outputs
+    pre = trained.preprocessing
+    # The task's account of its outputs (checkpoints written before tasks recorded one are single-label); a
+    # multi-label network is exported with its sigmoid, its outputs the tags' probabilities.
+    net, task, _ = deployed(trained.net.eval(), trained.outputs, pre.class_names)
+    net.eval()
     meaning = (
         f"{task['outputs']}; {task['decode']}" if "decode" in task else "logits; softmax gives probabilities"
     )
@@ -204,10 +207,10 @@ def export_trained(
             "shape": ["batch", pre.num_classes],
             "meaning": meaning,
         },
-        "task": trained.outputs,
+        "task": task,
         "source": {
             "checkpoint": str(trained.ckpt_path),
-            "network": type(net).__name__,
+            "network": type(trained.net).__name__,
             "torch": torch.__version__,
         },
         "files": {},

@@ -1,9 +1,10 @@
 """`python -m project predict_onnx`: batched inference from an exported ONNX model, without PyTorch Lightning.
 
 Reads a folder of images of any size (or a CIFAR split), batches them, runs them through ONNX Runtime
-and writes the same CSV as `python -m project predict` (input, class_index, class_name, probability).
-The images are decoded and normalised by the same functions the DataModules use, with the facts from
-the model's JSON, so on the same inputs the top-1 matches `predict` from the checkpoint.
+and writes the same CSV as `python -m project predict` (input, class_index, class_name, probability; or
+input, labels, p_<tag>... for a multi-label model). The images are decoded and normalised by the same
+functions the DataModules use, with the facts from the model's JSON, so on the same inputs the answers
+match `predict` from the checkpoint.
 """
 
 import csv
@@ -15,8 +16,9 @@ from project.atomic_files import atomic_path, check_writable
 from project.data.images import MAX_IMAGE_PIXELS, ImageFileDataset, list_images
 from project.data.tensor_dataset import TensorImageDataset, collate_pre_batched
 from project.errors import UserError
+from project.export.decoding import decoder_for
 from project.export.preprocessing import Preprocessing, read_metadata
-from project.export.runtimes import OnnxRuntime, softmax_top1
+from project.export.runtimes import OnnxRuntime
 
 CIFAR_SPLITS = ("cifar10:test", "cifar10:train", "cifar100:test", "cifar100:train")
 
@@ -62,8 +64,8 @@ def predict_onnx(
 ) -> Path:
     """Classify a folder of images (any size and mode) or a CIFAR split with an exported ONNX model.
 
-    Writes input,class_index,class_name,probability rows, like `python -m project predict`; the CSV
-    appears only when every input was classified.
+    Writes input,class_index,class_name,probability rows (input,labels,p_<tag>... for a multi-label model),
+    like `python -m project predict`; the CSV appears only when every input was classified.
 
     Args:
         model: ONNX file written by `export` or `quantize` (its model.json beside it).
@@ -78,7 +80,8 @@ def predict_onnx(
     """
     if batch_size < 1:
         raise UserError(f"--batch_size must be at least 1, got {batch_size}")
-    _, pre = read_metadata(model)
+    meta, pre = read_metadata(model)
+    decoder = decoder_for(meta.get("task"), pre.class_names)
     path = Path(output)
     check_writable(path.parent, "output", hint="before any image is classified")
     dataset, names = (
@@ -95,11 +98,11 @@ def predict_onnx(
 
     with atomic_path(path) as tmp, open(tmp, "w", newline="") as f:
         writer = csv.writer(f)
-        writer.writerow(["input", "class_index", "class_name", "probability"])
+        writer.writerow(["input", *decoder.csv_header()])
         for images, index in loader:
-            pred, prob = softmax_top1(runtime(pre.normalize(images).numpy()))
-            for i, p, q in zip(index.tolist(), pred.tolist(), prob.tolist(), strict=True):
-                writer.writerow([names[i], p, pre.class_names[p], f"{q:.6f}"])
+            probs = decoder.probabilities(runtime(pre.normalize(images).numpy()))
+            for i, row in zip(index.tolist(), probs, strict=True):
+                writer.writerow([names[i], *decoder.csv_row(row)])
     print(f"{len(names)} predictions written to {path}")
     return path
 

@@ -24,6 +24,7 @@ from project.compression.onnx_int8 import (
 )
 from project.compression.pt2e import quantize_static
 from project.errors import UserError
+from project.export.decoding import deployed
 from project.export.model_export import FILES, METADATA, claim_output_dir, export_trained
 from project.export.preprocessing import Preprocessing
 from project.export.report import (
@@ -43,7 +44,7 @@ PT2E_FILE = "model.int8-pt2e.pt2"
 
 
 def _normalised(batches, pre: Preprocessing) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    """(uint8 images, labels) loader batches -> (normalised float32 numpy, int64 numpy)."""
+    """(uint8 images, targets) loader batches -> (normalised float32 numpy, targets as numpy)."""
     for x, y in batches:
         yield pre.normalize(x).numpy(), y.numpy()
 
@@ -55,7 +56,7 @@ class Variant:
     Args:
         name: The row's label, e.g. `static INT8, calibrated on 16 training batches`.
         key: A short name for W&B, e.g. `int8_static`.
-        runtime: What runs it (float32 batch in, logits out).
+        runtime: What runs it (float32 batch in, the exported outputs out: logits, or tag probabilities).
         size_mb: Size on disk of what a deployment ships.
         artifact: That file (or the checkpoint, for eager).
         runs_on: How it runs, e.g. `ONNX Runtime` or `torch.compile (freezing)`.
@@ -117,7 +118,8 @@ def quantize(
 
     Variants: FP32 eager PyTorch; FP32 ONNX Runtime; dynamic INT8 of the Linear layers; static INT8
     calibrated on training batches (both with ONNX Runtime's quantization tools); and the QAT INT8 model
-    when a QAT artifact is given or found next to the checkpoint. Accuracy is top-1 on the chosen split;
+    when a QAT artifact is given or found next to the checkpoint. Accuracy is top-1 on the chosen split
+    (for a multi-label model: mAP, and how often the tag sets agree with FP32 eager's);
     speed is the median of interleaved runs on this CPU after warm-up. Writes quantization.md,
     quantization.json and the ONNX models (model.onnx, model.int8-*.onnx, model.json) into output_dir,
     and logs the table to W&B (offline unless WANDB_MODE=online).
@@ -175,6 +177,8 @@ def quantize(
     present = claim_output_dir(output_dir, overwrite, outputs)  # before the checkpoint is read
     trained = load_trained(ckpt_path, config, overrides)
     pre, out = trained.preprocessing, Path(output_dir)
+    # Every variant runs what the export holds: a multi-label network with its sigmoid.
+    net, _, decoder = deployed(trained.net, trained.outputs, pre.class_names)
     qat_file = Path(qat_path) if qat_path else find_qat_artifact(trained.ckpt_path)
     if qat_file is not None and not qat_file.is_file():
         raise UserError(f"--qat_path {qat_file} does not exist")
@@ -199,11 +203,11 @@ def quantize(
         )
         if pt2e_static:
             example = torch.zeros(2, *pre.input_shape)
-            int8 = quantize_static(trained.net, (torch.from_numpy(b) for b in calibration), example)
+            int8 = quantize_static(net, (torch.from_numpy(b) for b in calibration), example)
             save_int8(int8, staging / PT2E_FILE, example, pre.to_dict())
 
     variants = [
-        eager_variant(trained.net, trained.ckpt_path),
+        eager_variant(net, trained.ckpt_path),
         onnx_variant("FP32 ONNX Runtime", "fp32_onnxruntime", out / FILES["onnx"], threads),
         onnx_variant("dynamic INT8 (Linear layers)", "int8_dynamic", out / DYNAMIC_FILE, threads),
         onnx_variant(
@@ -221,7 +225,7 @@ def quantize(
     datamodule.setup(stage)
     loader = datamodule.test_dataloader() if split == "test" else datamodule.val_dataloader()
     batches = islice(_normalised(loader, pre), limit_batches)
-    scores, samples = accuracy(runtimes, batches, reference="FP32 eager")
+    scores, samples = accuracy(runtimes, batches, reference="FP32 eager", decoder=decoder)
     sample = calibration[0]
     timing = speed(runtimes, sample, batch_size=batch_size, warmup=warmup, repeats=repeats)
 
@@ -256,11 +260,11 @@ def quantize(
         "machine": machine(),
         "command": command or f"python -m project quantize --ckpt_path {ckpt_path}",
     }
-    md, js = write_report(results, info, out)
-    print(markdown(results, info))
+    md, js = write_report(results, info, out, decoder)
+    print(markdown(results, info, decoder))
     print(f"report: {md} and {js}")
     if wandb:
-        print(f"W&B run: {log_to_wandb(results, info, out, wandb_project)}")
+        print(f"W&B run: {log_to_wandb(results, info, out, wandb_project, decoder)}")
     return results
 
 

@@ -19,6 +19,7 @@ import numpy as np
 
 from project.atomic_files import atomic_write_text
 from project.data.datamodule import available_cpus
+from project.export.decoding import Decoder, OneClass
 from project.export.runtimes import Runtime
 
 COLUMNS = [
@@ -31,6 +32,13 @@ COLUMNS = [
     "size",
     "top-1 agrees with FP32",
 ]
+#: How the figures of a model with one class per image are read (the report's default).
+ONE_CLASS = OneClass(())
+
+
+def columns(decoder: Decoder = ONE_CLASS) -> list[str]:
+    """The table's columns, with the task's quality figure (accuracy, mAP) and what agreement compares."""
+    return [COLUMNS[0], decoder.quality, *COLUMNS[2:-1], decoder.agrees]
 
 
 @dataclass
@@ -87,24 +95,30 @@ def speed(
 
 
 def accuracy(
-    runtimes: Mapping[str, Runtime], batches: Iterable[tuple[np.ndarray, np.ndarray]], reference: str
+    runtimes: Mapping[str, Runtime],
+    batches: Iterable[tuple[np.ndarray, np.ndarray]],
+    reference: str,
+    decoder: Decoder = ONE_CLASS,
 ) -> tuple[dict[str, dict[str, float]], int]:
-    """Top-1 accuracy of each runtime on labelled batches, its top-1 agreement with `reference`, and the
-    number of samples."""
-    correct = dict.fromkeys(runtimes, 0)
-    agree = dict.fromkeys(runtimes, 0)
-    total = 0
+    """Each runtime's quality figure on labelled batches (`decoder.quality`: top-1 accuracy, or mAP for tags),
+    its agreement with `reference` (same top-1 class, or same tag set), and the number of samples."""
+    kept: dict[str, list[np.ndarray]] = {name: [] for name in runtimes}
+    targets = []
     for x, y in batches:
-        preds = {name: run(x).argmax(axis=1) for name, run in runtimes.items()}
-        for name, pred in preds.items():
-            correct[name] += int((pred == y).sum())
-            agree[name] += int((pred == preds[reference]).sum())
-        total += len(y)
-    if total == 0:
+        for name, run in runtimes.items():
+            kept[name].append(decoder.reduce(run(x)))
+        targets.append(y)
+    if not targets or sum(len(y) for y in targets) == 0:
         raise ValueError("no evaluation samples")
+    labels = np.concatenate(targets)
+    reduced = {name: np.concatenate(parts) for name, parts in kept.items()}
     return {
-        name: {"accuracy": correct[name] / total, "agreement": agree[name] / total} for name in runtimes
-    }, total
+        name: {
+            "accuracy": decoder.score(reduced[name], labels),
+            "agreement": decoder.agreement(reduced[name], reduced[reference]),
+        }
+        for name in runtimes
+    }, len(labels)
 
 
 def machine() -> dict[str, Any]:
@@ -151,17 +165,18 @@ def table_rows(results: list[VariantResult], batch_size: int = 64) -> list[list[
     return rows
 
 
-def markdown(results: list[VariantResult], info: dict[str, Any]) -> str:
+def markdown(results: list[VariantResult], info: dict[str, Any], decoder: Decoder = ONE_CLASS) -> str:
     rows = table_rows(results)
+    names = columns(decoder)
     lines = [
-        "| " + " | ".join(COLUMNS) + " |",
-        "|" + "|".join("---" for _ in COLUMNS) + "|",
+        "| " + " | ".join(names) + " |",
+        "|" + "|".join("---" for _ in names) + "|",
         *("| " + " | ".join(row) + " |" for row in rows),
     ]
     m = info["machine"]
     notes = [
         "",
-        f"Accuracy: top-1 on {info['samples']} images of the {info['split']} split; drop in percentage points "
+        f"{decoder.quality_note} on {info['samples']} images of the {info['split']} split; drop in percentage points "
         "against FP32 eager (positive = worse).",
         f"Speed: {m['cpu']}, {m['cpus']} CPUs, threads per variant: {info['threads']}; median of "
         f"{info['repeats']} interleaved runs after {info['warmup']} warm-up runs; throughput at batch "
@@ -177,7 +192,7 @@ def markdown(results: list[VariantResult], info: dict[str, Any]) -> str:
 
 
 def write_report(
-    results: list[VariantResult], info: dict[str, Any], output_dir: str | Path
+    results: list[VariantResult], info: dict[str, Any], output_dir: str | Path, decoder: Decoder = ONE_CLASS
 ) -> tuple[Path, Path]:
     """quantization.md and quantization.json in `output_dir` (each written atomically)."""
     output_dir = Path(output_dir)
@@ -195,12 +210,16 @@ def write_report(
         ],
     }
     atomic_write_text(js, json.dumps(payload, indent=2) + "\n")
-    atomic_write_text(md, markdown(results, info))
+    atomic_write_text(md, markdown(results, info, decoder))
     return md, js
 
 
 def log_to_wandb(
-    results: list[VariantResult], info: dict[str, Any], output_dir: str | Path, project: str
+    results: list[VariantResult],
+    info: dict[str, Any],
+    output_dir: str | Path,
+    project: str,
+    decoder: Decoder = ONE_CLASS,
 ) -> str:
     """Log the table (and each variant's figures in the summary) to a W&B run; returns the run's folder.
 
@@ -218,11 +237,11 @@ def log_to_wandb(
         reinit="finish_previous",
     )
     try:
-        run.log({"quantization": wandb.Table(columns=list(COLUMNS), data=table_rows(results))})
+        run.log({"quantization": wandb.Table(columns=list(columns(decoder)), data=table_rows(results))})
         for r in results:
             run.summary.update(
                 {
-                    f"{r.key}/accuracy": r.accuracy,
+                    f"{r.key}/{decoder.quality}": r.accuracy,
                     f"{r.key}/throughput": r.throughput,
                     f"{r.key}/latency_ms": r.latency_ms,
                 }

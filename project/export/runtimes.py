@@ -1,4 +1,5 @@
-"""One calling convention for every way to run a model: float32 (B, C, H, W) numpy in, logits out.
+"""One calling convention for every way to run a model: float32 (B, C, H, W) numpy in, outputs out (logits, or
+an export's probabilities: `project.export.decoding` reads them).
 
 The quantization report, `predict_onnx` and `serve` compare or swap eager PyTorch, ONNX Runtime and
 INT8 models; wrapping each in a `Runtime` keeps those comparisons to one loop. INT8 `torch.export` programs
@@ -74,20 +75,6 @@ class OnnxRuntime:
     def __call__(self, x: np.ndarray) -> np.ndarray:
         outputs = self.session.run([OUTPUT_NAME], {INPUT_NAME: np.ascontiguousarray(x, dtype=np.float32)})
         return cast(np.ndarray, outputs[0])  # the logits: a dense tensor, not a sparse one, list or map
-
-
-def softmax(logits: np.ndarray) -> np.ndarray:
-    """Row-wise softmax, computed stably in float64."""
-    z = logits.astype(np.float64)
-    z = np.exp(z - z.max(axis=1, keepdims=True))
-    return z / z.sum(axis=1, keepdims=True)
-
-
-def softmax_top1(logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(class index, its probability) per row."""
-    probs = softmax(logits)
-    index = probs.argmax(axis=1)
-    return index, probs[np.arange(len(index)), index]
 
 
 def find_qat_artifact(ckpt_path: str | Path) -> Path | None:

@@ -53,10 +53,13 @@ class ImageClassifier(ImageTask):
     def loss(self, outputs: Tensor, targets: Tensor) -> Tensor:
         return F.cross_entropy(outputs, targets, label_smoothing=self.hparams["label_smoothing"])
 
+    def probabilities(self, outputs: Tensor) -> Tensor:
+        return outputs.float().softmax(dim=-1)
+
     def predict_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> dict[str, Tensor]:
         """Per input: its dataset index, the predicted class index and that class's probability."""
         x, index = batch
-        probs = self(x).float().softmax(dim=-1)
+        probs = self.probabilities(self(x))
         prob, pred = probs.max(dim=-1)
         return {"index": index, "pred": pred, "prob": prob}
 

@@ -19,6 +19,7 @@ from torch import Tensor, nn
 from torchmetrics import MaxMetric, MeanMetric, MetricCollection, MinMetric
 
 from project.distributed.sharding import clip_fsdp_grad_norm, shard_for_device_mesh
+from project.errors import UserError
 from project.lit.factories import build_optimizer, check_optimizer, leaves_unset, scaled_max_lr
 from project.lit.tta import tta_logits
 
@@ -62,6 +63,9 @@ class ImageTask(L.LightningModule):
     monitor_mode: ClassVar[Literal["min", "max"]] = "min"
     #: The columns of `predict`'s CSV after the input's name (see `prediction_row`).
     prediction_header: ClassVar[tuple[str, ...]] = ()
+    #: Whether the targets are sets of tags (float multi-hot rows) rather than one class index per image: it
+    #: must agree with the DataModule's `multilabel` (`check_task_fits_data`).
+    multilabel: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -112,9 +116,21 @@ class ImageTask(L.LightningModule):
         """The training objective of a batch's network outputs against its targets."""
         raise NotImplementedError
 
+    def update_metrics(self, metrics: MetricCollection, outputs: Tensor, targets: Tensor) -> None:
+        """Feed one batch to a stage's metrics (`metrics.prefix` names the stage)."""
+        metrics.update(outputs, targets)
+
+    def probabilities(self, outputs: Tensor) -> Tensor:
+        """The network's outputs as the probabilities they stand for (evaluation, ensembles)."""
+        raise NotImplementedError
+
     def predict_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> dict[str, Tensor]:
         """Per input of the batch: its dataset `index` and what the task predicts for it."""
         raise NotImplementedError
+
+    def prediction_columns(self) -> tuple[str, ...]:
+        """The CSV's columns after the input's name: `prediction_header`, and any that depend on the names."""
+        return self.prediction_header
 
     def prediction_row(self, prediction: dict[str, Any], i: int) -> list[Any]:
         """The CSV cells (after the input's name) of input `i` of a `predict_step` result, made plain lists."""
@@ -135,6 +151,7 @@ class ImageTask(L.LightningModule):
         if hp["compile"] and not getattr(self, "_compiled", False):
             self.net.compile(mode=hp["compile_mode"])
             self._compiled = True
+        check_task_fits_data(self, getattr(self._trainer, "datamodule", None))
 
     def forward(self, x: Tensor) -> Tensor:
         if self.hparams["channels_last"] and x.ndim == 4:
@@ -150,7 +167,7 @@ class ImageTask(L.LightningModule):
         x, y = batch
         outputs = self(x)
         loss = self.loss(outputs, y)
-        metrics.update(outputs.detach(), y)
+        self.update_metrics(metrics, outputs.detach(), y)
         loss_metric.update(loss.detach(), weight=y.shape[0])
         return loss, outputs
 
@@ -246,3 +263,22 @@ class ImageTask(L.LightningModule):
             "optimizer": optimizer,
             "lr_scheduler": {"scheduler": scheduler, "interval": interval or "epoch", "name": "train/lr"},
         }
+
+
+def check_task_fits_data(task: ImageTask, datamodule: Any) -> None:
+    """A UserError when the task and the data disagree on what a target is (one class or a set of tags)."""
+    data_multilabel = getattr(datamodule, "multilabel", None)
+    if data_multilabel is None or bool(data_multilabel) == task.multilabel:
+        return
+    name = type(task).__name__
+    if data_multilabel:
+        raise UserError(
+            f"the data is multi-label (data.multilabel true: a set of tags per image) but model {name} "
+            "predicts one class per image: train it with --model project.lit.MultiLabelClassifier "
+            "(as configs/csv_multilabel.yaml does)"
+        )
+    raise UserError(
+        f"model {name} predicts a set of tags per image but the data ({type(datamodule).__name__}) gives one "
+        "class per image: set --data.multilabel true for tagged data, or train with --model "
+        "project.lit.ImageClassifier"
+    )

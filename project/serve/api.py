@@ -1,4 +1,5 @@
-"""`ClassifierAPI`: the LitServe API behind `python -m project serve` (POST an image, get its class).
+"""`ClassifierAPI`: the LitServe API behind `python -m project serve` (POST an image, get its class, or its
+tags for a multi-label model: the answer is the task's own, `project.export.decoding`).
 
 Requests arrive as multipart form uploads (field `file`); FastAPI reads the field into bytes in the
 HTTP process, and LitServe hands them to the inference worker, which decodes, batches and classifies.
@@ -19,8 +20,9 @@ from PIL import UnidentifiedImageError
 
 from project.data.images import ImageTooLarge, open_image
 from project.errors import UserError
+from project.export.decoding import Decoder, decoder_for
 from project.export.preprocessing import Preprocessing, read_metadata
-from project.export.runtimes import OnnxRuntime, softmax
+from project.export.runtimes import OnnxRuntime
 
 UploadedFile = Annotated[bytes, File(alias="file", description="the image (any format PIL reads)")]
 
@@ -45,7 +47,8 @@ class ClassifierAPI(ls.LitAPI):
         batch_timeout: Seconds to wait for a batch to fill before running what has arrived.
         max_image_pixels: Largest accepted width x height of an upload (decompression-bomb guard).
         threads: CPU threads per worker (default: torch's / ONNX Runtime's default).
-        top_k: Also answer the `top_k` most likely classes when above 1.
+        top_k: Also answer the `top_k` most likely classes when above 1 (single-label models; a multi-label
+            answer has every tag's probability).
     """
 
     def __init__(
@@ -73,7 +76,8 @@ class ClassifierAPI(ls.LitAPI):
             torch.set_num_threads(self.threads)
         self.device = device
         if self.onnx_path:
-            _, self.pre = read_metadata(self.onnx_path)
+            meta, self.pre = read_metadata(self.onnx_path)
+            self.decoder: Decoder = decoder_for(meta.get("task"), self.pre.class_names)
             self.onnx = OnnxRuntime(self.onnx_path, threads=self.threads)
             self.net = None
         else:
@@ -85,6 +89,7 @@ class ClassifierAPI(ls.LitAPI):
                 )
             trained = load_trained(self.ckpt_path, self.configs, self.overrides)
             self.pre: Preprocessing = trained.preprocessing
+            self.decoder = decoder_for(trained.outputs, self.pre.class_names)
             self.net = trained.net.to(device).eval()
         self.mean = torch.tensor(self.pre.mean, device=device)
         self.std = torch.tensor(self.pre.std, device=device)
@@ -132,21 +137,10 @@ class ClassifierAPI(ls.LitAPI):
                 1, -1, 1, 1
             )
             with torch.inference_mode():
-                return self.net(x).float().softmax(dim=-1).cpu().numpy()
-        return softmax(self.onnx(self.pre.normalize(images).numpy()))
+                return self.decoder.probabilities(self.net(x)).cpu().numpy()
+        return self.decoder.probabilities(self.onnx(self.pre.normalize(images).numpy()))
 
     def encode_response(self, output: Any) -> Any:
         if isinstance(output, Rejected):
             return JSONResponse(status_code=output.status, content={"detail": output.detail})
-        index = int(output.argmax())
-        answer: dict[str, Any] = {
-            "class_name": self.pre.class_names[index],
-            "class_index": index,
-            "probability": float(output[index]),
-        }
-        if self.top_k > 1:
-            top = np.argsort(-output)[: self.top_k]
-            answer["top_k"] = [
-                {"class_name": self.pre.class_names[i], "probability": float(output[i])} for i in top
-            ]
-        return answer
+        return self.decoder.answer(output, self.top_k)

@@ -6,6 +6,7 @@ import signal
 from typing import Literal
 
 from project.errors import UserError
+from project.export.decoding import decoder_for
 from project.export.preprocessing import read_metadata
 from project.serve.api import ClassifierAPI
 
@@ -30,7 +31,8 @@ def serve(
 ) -> None:
     """Serve a trained classifier over HTTP: POST /predict with the image as multipart form field `file`.
 
-    Answers JSON {"class_name", "class_index", "probability"}. Requests are batched dynamically (up to
+    Answers JSON {"class_name", "class_index", "probability"}; for a multi-label model {"labels": [the tags at
+    or above their thresholds], "probabilities": {tag: probability}}. Requests are batched dynamically (up to
     max_batch_size, waiting at most batch_timeout for a batch to fill). An upload that is not an image,
     is empty or has too many pixels gets a 4xx with a message; a body above max_upload_mb gets 413; a
     request that waits longer than timeout gets 504. GET /health answers "ok" once the model is loaded,
@@ -70,17 +72,19 @@ def serve(
     # Load once here so a bad checkpoint, config or model stops with one clear line, not a worker crash.
     if onnx:
         meta, pre = read_metadata(onnx)
+        outputs = meta.get("task")
         accelerator = "cpu"
     else:
         from project.export.trained import load_trained
 
         assert ckpt_path is not None  # exactly one of the two, checked above
-        pre = load_trained(ckpt_path, config, overrides).preprocessing
+        trained = load_trained(ckpt_path, config, overrides)
+        pre, outputs = trained.preprocessing, trained.outputs
     info = {
         "source": onnx or ckpt_path,
         "classes": list(pre.class_names),
         "input_shape": list(pre.input_shape),
-    }
+    } | decoder_for(outputs, pre.class_names).describe()
 
     api = ClassifierAPI(
         ckpt_path=ckpt_path,

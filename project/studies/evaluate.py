@@ -3,10 +3,11 @@
 The model and DataModule are rebuilt from the run's saved `config.yaml` by `fit`'s own parser (so the links,
 the fold and every setting are as in training) and the weights come from the checkpoint (`weights_only`); the
 images are normalised with the mean and std the checkpoint recorded. The model's own `forward` is used, so
-test-time flips and the task's own loss count exactly as in `fit`'s `val/acc` and `val/loss`.
+test-time flips and the task's own loss and metrics count exactly as in `fit`'s `val/loss` and `val/acc` (or
+`val/map` for a multi-label task).
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -19,11 +20,29 @@ from project.run.resume import best_checkpoint, find_last_checkpoint
 
 @dataclass
 class Evaluation:
-    """Softmax probabilities (N, classes) and labels (N,) of a split, and the mean loss over it."""
+    """The task's probabilities (N, classes) and the targets of a split (labels (N,), or multi-hot rows (N, tags)
+    for a multi-label task), the mean loss over it, and the task's own metrics (`<split>/<name>`, as `fit`
+    logs them: `val/acc`, or `val/map` ...)."""
 
     probs: torch.Tensor
     targets: torch.Tensor
     loss: float
+    metrics: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def multilabel(self) -> bool:
+        return self.targets.ndim == 2
+
+    def per_class(self, class_names: list[str]) -> dict[str, float | None]:
+        """Each class's accuracy, or each tag's average precision for multi-label targets; None for a class
+        or tag the split has no positive image of."""
+        if not self.multilabel:
+            return self.class_accuracy(class_names)
+        from torchmetrics.functional.classification import multilabel_average_precision
+
+        ap = multilabel_average_precision(self.probs, self.targets.long(), len(class_names), average=None)
+        present = self.targets.sum(0) > 0
+        return {name: float(ap[i]) if bool(present[i]) else None for i, name in enumerate(class_names)}
 
     @property
     def accuracy(self) -> float:
@@ -104,14 +123,17 @@ def evaluate(best: BestModel, split: str) -> Evaluation:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     model.to(device)
     loader = dm.val_dataloader() if split == "val" else dm.test_dataloader()
+    metrics = model.make_metrics().clone(prefix=f"{split}/").to(device)
     probs, targets, loss = [], [], 0.0
     for x, y in loader:
         x, y = dm.transform_batch((x.to(device), y.to(device)), train=False)
         logits = model(x).float()
         loss += float(model.loss(logits, y)) * len(y)  # the task's own loss, as `fit` logs val/loss
-        probs.append(logits.softmax(1).cpu())
+        model.update_metrics(metrics, logits, y)  # and its own metrics
+        probs.append(model.probabilities(logits).cpu())
         targets.append(y.cpu())
     if not targets:
         raise UserError(f"the {split} split of {best.ckpt_path} has no images")
     targets_all = torch.cat(targets)
-    return Evaluation(torch.cat(probs), targets_all, loss / len(targets_all))
+    values = {name: float(value) for name, value in metrics.compute().items()}
+    return Evaluation(torch.cat(probs), targets_all, loss / len(targets_all), values)

@@ -1,4 +1,5 @@
-"""`WandbDashboard`: confusion matrix, worst-classified images and weight/gradient histograms in W&B."""
+"""`WandbDashboard`: confusion matrix (or per-tag AP and precision-recall curves), worst-classified images and
+weight/gradient histograms in W&B."""
 
 from typing import Any, Literal
 
@@ -8,6 +9,11 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
+from torchmetrics import MetricCollection
+from torchmetrics.classification import MultilabelAveragePrecision, MultilabelPrecisionRecallCurve
+
+#: Points of each tag's precision-recall curve (thresholds 0, 1/(n-1), ..., 1).
+CURVE_POINTS = 21
 
 
 class WandbDashboard(Callback):
@@ -16,8 +22,10 @@ class WandbDashboard(Callback):
     At the end of each validation epoch it logs `val/confusion_matrix` (a W&B confusion-matrix chart, over the
     whole validation set and all processes) and `val/worst_predictions`: a table of the validation images
     whose true class got the lowest probability, with true and predicted class and confidence. It reads the
-    logits and targets that `validation_step` returns. During fit it also has W&B record histograms of the
-    parameters and/or gradients (`WandbLogger.watch`).
+    logits and targets that `validation_step` returns. For a multi-label task (tags, `multilabel`) it logs
+    instead `val/ap_per_tag` (a bar chart of each tag's average precision) and `val/pr_curve` (each tag's
+    precision-recall curve), both over the whole validation set and all processes. During fit it also has W&B
+    record histograms of the parameters and/or gradients (`WandbLogger.watch`).
 
     Checkpoints are uploaded as W&B artifacts by the logger itself when it is online (`log_model: true`, see
     configs/logger/wandb_online.yaml); Lightning refuses that in offline mode.
@@ -52,6 +60,7 @@ class WandbDashboard(Callback):
         self._logger: WandbLogger | None = None
         self._watched: torch.nn.Module | None = None
         self._matrix: Tensor | None = None
+        self._tags: MetricCollection | None = None  # per-tag AP and curves of a multi-label task
         self._worst: list[tuple[float, Tensor, int, int, float]] = []
         self._warned = False
 
@@ -88,6 +97,8 @@ class WandbDashboard(Callback):
     def on_validation_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._matrix = None
         self._worst = []
+        if self._tags is not None:
+            self._tags.reset()
 
     @torch.no_grad()
     def on_validation_batch_end(
@@ -111,6 +122,9 @@ class WandbDashboard(Callback):
             return
         logits, targets = outputs["logits"].float(), outputs["targets"]
         num_classes = logits.shape[1]
+        if getattr(pl_module, "multilabel", False):
+            self._update_tags(logits, targets, num_classes)
+            return
         if self.confusion_matrix:
             if self._matrix is None:
                 self._matrix = torch.zeros(num_classes, num_classes, dtype=torch.long, device=logits.device)
@@ -120,6 +134,18 @@ class WandbDashboard(Callback):
             # Trainer.datamodule is set by Lightning's data connector, outside the class: pyright cannot see it.
             datamodule = trainer.datamodule  # pyright: ignore[reportAttributeAccessIssue]
             self._keep_worst(logits, targets, batch[0], datamodule)
+
+    def _update_tags(self, logits: Tensor, targets: Tensor, num_tags: int) -> None:
+        if self._tags is None:
+            bins = torch.linspace(0, 1, CURVE_POINTS)
+            self._tags = MetricCollection(
+                {
+                    "ap": MultilabelAveragePrecision(num_tags, average=None, thresholds=bins),
+                    "curve": MultilabelPrecisionRecallCurve(num_tags, thresholds=bins),
+                },
+                compute_groups=False,
+            ).to(logits.device)
+        self._tags.update(logits.sigmoid(), targets.long())
 
     def _keep_worst(self, logits: Tensor, targets: Tensor, images: Tensor, datamodule: Any) -> None:
         probs = logits.softmax(1)
@@ -144,7 +170,10 @@ class WandbDashboard(Callback):
 
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         logger = self._logger
-        if logger is None or not self._active(trainer) or (self._matrix is None and not self._worst):
+        tags = self._tags.compute() if self._tags is not None and self._tags["ap"].update_called else None
+        if logger is None or not self._active(trainer):
+            return
+        if self._matrix is None and not self._worst and tags is None:
             return
         matrix = trainer.strategy.reduce(self._matrix, reduce_op="sum") if self._matrix is not None else None
         if not trainer.is_global_zero:
@@ -153,6 +182,8 @@ class WandbDashboard(Callback):
 
         names = list(getattr(pl_module, "class_names", None) or [])
         metrics: dict[str, Any] = {}
+        if tags is not None:
+            metrics |= _tag_charts(tags, names, trainer.current_epoch)
         if matrix is not None:
             matrix = matrix.cpu()
             names = names if len(names) == len(matrix) else [str(i) for i in range(len(matrix))]
@@ -178,6 +209,29 @@ class WandbDashboard(Callback):
                 columns=["image", "true", "predicted", "confidence", "p_true"], data=rows
             )
         logger.log_metrics(metrics, step=trainer.global_step)
+
+
+def _tag_charts(tags: dict[str, Any], names: list[str], epoch: int) -> dict[str, Any]:
+    """W&B charts of a multi-label validation: each tag's AP (bars) and precision-recall curve (lines)."""
+    import wandb
+
+    ap = tags["ap"].cpu()
+    precision, recall, _ = (t.cpu() for t in tags["curve"])
+    names = names if len(names) == len(ap) else [str(i) for i in range(len(ap))]
+    bars = wandb.Table(columns=["tag", "AP"], data=[[n, float(v)] for n, v in zip(names, ap, strict=True)])
+    points = [
+        [names[i], float(r), float(p)]
+        for i in range(len(names))
+        for p, r in zip(precision[i], recall[i], strict=True)
+        if not (p.isnan() or r.isnan())  # a tag without positives has no curve
+    ]
+    curves = wandb.Table(columns=["tag", "recall", "precision"], data=points)
+    return {
+        "val/ap_per_tag": wandb.plot.bar(bars, "tag", "AP", title=f"Validation AP per tag, epoch {epoch}"),
+        "val/pr_curve": wandb.plot.line(
+            curves, "recall", "precision", stroke="tag", title=f"Validation precision-recall, epoch {epoch}"
+        ),
+    }
 
 
 def _to_uint8(images: Tensor, datamodule: Any) -> Tensor:

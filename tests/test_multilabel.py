@@ -1,0 +1,295 @@
+"""Multi-label targets end to end: the task (loss, mAP, per-tag AP, thresholds chosen on validation, the checkpoint
+record), its predictions, and what export, predict_onnx, serve, quantize's report, cv's evaluation and the W&B
+dashboard make of them. Tiny tensors and a 2-tag identity "network" whose outputs are the inputs."""
+
+import csv
+import io
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import lightning as L
+import numpy as np
+import pytest
+import torch
+from jsonargparse import Namespace
+from PIL import Image
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from project.callbacks import PredictionWriter
+from project.errors import UserError
+from project.export.decoding import Tags, decoder_for
+from project.export.model_export import export_trained
+from project.export.preprocessing import Preprocessing
+from project.export.report import accuracy, columns, markdown
+from project.export.trained import TrainedModel
+from project.lit import ImageClassifier, MultiLabelClassifier
+from project.lit.task import check_task_fits_data
+from project.models import MLP
+
+TAGS = ["cat", "dog"]
+
+
+def logit(p: float) -> float:
+    return float(np.log(p / (1 - p)))
+
+
+# Tag "cat": positives at 0.7, negatives at 0.2 -> the first threshold with F1 1 is 0.21.
+# Tag "dog": positives at 0.9 and 0.4, negatives at 0.3 -> 0.31 keeps both positives, F1 1.
+PROBS = torch.tensor([[0.7, 0.9], [0.7, 0.3], [0.2, 0.4], [0.2, 0.3]])
+TARGETS = torch.tensor([[1.0, 1.0], [1.0, 0.0], [0.0, 1.0], [0.0, 0.0]])
+LOGITS = PROBS.log() - (1 - PROBS).log()
+
+
+class TagData(L.LightningDataModule):
+    """Outputs-as-inputs: the identity network's 'logits' are the inputs, with multi-hot targets."""
+
+    multilabel = True
+    class_names = TAGS
+    predict_names = ["a.jpg", "b.jpg", "c.jpg", "d.jpg"]
+    train_tag_counts = (4, [2, 2])
+
+    def train_dataloader(self):
+        return DataLoader(TensorDataset(LOGITS, TARGETS), batch_size=2)
+
+    val_dataloader = test_dataloader = train_dataloader
+
+    def predict_dataloader(self):
+        return DataLoader(TensorDataset(LOGITS, torch.arange(4)), batch_size=3)
+
+
+def identity_task(**kwargs) -> MultiLabelClassifier:
+    return MultiLabelClassifier(nn.Identity(), num_classes=2, class_names=TAGS, input_shape=None, **kwargs)
+
+
+def trainer(tmp_path, **kwargs) -> L.Trainer:
+    return L.Trainer(
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=tmp_path,
+        **kwargs,
+    )
+
+
+def test_validation_logs_map_f1_per_tag_ap_and_chooses_each_tags_f1_best_threshold(tmp_path):
+    model = identity_task()
+    (result,) = trainer(tmp_path).validate(model, datamodule=TagData(), verbose=False)
+    assert result["val/map"] == pytest.approx(1.0) and result["val/f1"] == pytest.approx(1.0)
+    assert result["val/ap/cat"] == pytest.approx(1.0) and result["val/ap/dog"] == pytest.approx(1.0)
+    assert model.thresholds.tolist() == pytest.approx([0.21, 0.31])
+    expected_loss = torch.nn.functional.binary_cross_entropy_with_logits(LOGITS, TARGETS)
+    assert result["val/loss"] == pytest.approx(float(expected_loss), rel=1e-5)
+    # The test split is judged at the thresholds chosen on validation: 0.5 would miss dog's 0.4 positive.
+    (test,) = trainer(tmp_path).test(model, datamodule=TagData(), verbose=False)
+    assert test["test/f1"] == pytest.approx(1.0)
+    fresh = identity_task()
+    (at_half,) = trainer(tmp_path).test(fresh, datamodule=TagData(), verbose=False)
+    assert at_half["test/f1"] == pytest.approx((1.0 + 2 / 3) / 2)  # dog: precision 1, recall 1/2
+
+
+def test_thresholds_and_task_record_survive_the_checkpoint(tmp_path):
+    model = identity_task()
+    run = trainer(tmp_path)
+    run.validate(model, datamodule=TagData(), verbose=False)
+    run.save_checkpoint(tmp_path / "m.ckpt")
+    checkpoint = torch.load(tmp_path / "m.ckpt", weights_only=True)
+    assert checkpoint["task"] == {
+        "task": "MultiLabelClassifier",
+        "names": TAGS,
+        "kind": "tags",
+        "outputs": "logits",
+        "decode": "sigmoid, then every tag whose probability reaches its threshold",
+        "thresholds": [0.21, 0.31],
+    }
+    loaded = MultiLabelClassifier.load_from_checkpoint(tmp_path / "m.ckpt", net=nn.Identity())
+    assert loaded.thresholds.tolist() == pytest.approx([0.21, 0.31])
+
+
+def test_balanced_pos_weight_comes_from_the_training_tags(tmp_path):
+    class Skewed(TagData):
+        train_tag_counts = (10, [2, 5])
+
+    model = identity_task(pos_weight="balanced", optimizer=lambda p: torch.optim.SGD(p, lr=0.0))
+    model.net = nn.Linear(2, 2)  # something to optimise
+    trainer(tmp_path, max_steps=1, num_sanity_val_steps=0, limit_val_batches=0).fit(
+        model, datamodule=Skewed()
+    )
+    assert model.pos_weight.tolist() == pytest.approx([4.0, 1.0])  # negatives / positives per tag
+    weighted = model.loss(torch.zeros(1, 2), torch.ones(1, 2))
+    assert float(weighted) == pytest.approx(float(np.log(2)) * (4 + 1) / 2)
+
+
+def test_predict_writes_each_images_tags_and_probabilities(tmp_path):
+    model = identity_task()
+    run = trainer(tmp_path, callbacks=[PredictionWriter(str(tmp_path / "p.csv"))])
+    run.validate(model, datamodule=TagData(), verbose=False)
+    run.predict(model, datamodule=TagData(), return_predictions=False)
+    rows = list(csv.reader((tmp_path / "p.csv").open()))
+    assert rows[0] == ["input", "labels", "p_cat", "p_dog"]
+    assert rows[1:] == [
+        ["a.jpg", "cat dog", "0.700000", "0.900000"],
+        ["b.jpg", "cat", "0.700000", "0.300000"],
+        ["c.jpg", "dog", "0.200000", "0.400000"],
+        ["d.jpg", "", "0.200000", "0.300000"],
+    ]
+
+
+def test_task_and_data_must_agree_on_what_a_target_is(tmp_path):
+    single = ImageClassifier(MLP(num_classes=2, input_shape=(3, 4, 4)), num_classes=2, input_shape=None)
+    with pytest.raises(UserError, match=r"data is multi-label .*--model project\.lit\.MultiLabelClassifier"):
+        trainer(tmp_path).validate(single, datamodule=TagData(), verbose=False)
+    with pytest.raises(UserError, match=r"gives one class per image: set --data\.multilabel true"):
+        check_task_fits_data(identity_task(), SimpleNamespace(multilabel=False))
+    check_task_fits_data(single, SimpleNamespace(multilabel=False))  # agree: nothing to say
+    check_task_fits_data(identity_task(), object())  # a DataModule that does not say: not checked
+
+
+# -- downstream: export, predict_onnx, serve, quantize's report ---------------------------------------------
+@pytest.fixture(scope="module")
+def exported_tags(tmp_path_factory) -> tuple[Path, nn.Module]:
+    """A tiny multi-label MLP on 8x8 images exported to ONNX and TorchScript, thresholds 0.4 and 0.6."""
+    torch.manual_seed(0)
+    net = MLP(num_classes=2, input_shape=(3, 8, 8), hidden=8).eval()
+    task = identity_task().output_spec() | {"thresholds": [0.4, 0.6]}
+    pre = Preprocessing((3, 8, 8), (0.5, 0.5, 0.5), (0.25, 0.25, 0.25), tuple(TAGS))
+    out = tmp_path_factory.mktemp("tags_export")
+    export_trained(TrainedModel(net, pre, Namespace(), Path("m.ckpt"), task), out)
+    return out, net
+
+
+def test_export_writes_tags_thresholds_and_sigmoid_probabilities(exported_tags):
+    from project.export.runtimes import OnnxRuntime
+
+    out, net = exported_tags
+    meta = json.loads((out / "model.json").read_text())
+    assert meta["task"]["names"] == TAGS and meta["task"]["thresholds"] == [0.4, 0.6]
+    assert meta["task"]["outputs"] == "probabilities" and meta["task"]["kind"] == "tags"
+    assert meta["output"]["meaning"].startswith("probabilities; every tag")
+    assert meta["source"]["network"] == "MLP"
+    x = torch.randn(5, 3, 8, 8)
+    eager = torch.sigmoid(net(x))
+    assert np.allclose(OnnxRuntime(out / "model.onnx")(x.numpy()), eager.detach().numpy(), atol=1e-5)
+    scripted = torch.jit.load(str(out / "model.torchscript.pt"))
+    assert torch.allclose(scripted(x), eager, atol=1e-5)
+
+
+def _png(colour: tuple[int, int, int]) -> bytes:
+    buffer = io.BytesIO()
+    Image.new("RGB", (13, 9), colour).save(buffer, "PNG")
+    return buffer.getvalue()
+
+
+def test_predict_onnx_writes_tags(exported_tags, tmp_path):
+    from project.export.predict_onnx import predict_onnx
+
+    out, _ = exported_tags
+    images = tmp_path / "images"
+    images.mkdir()
+    for i, colour in enumerate([(255, 0, 0), (0, 0, 255), (30, 200, 30)]):
+        (images / f"{i}.png").write_bytes(_png(colour))
+    predict_onnx(str(out / "model.onnx"), str(images), output=str(tmp_path / "p.csv"))
+    rows = list(csv.DictReader((tmp_path / "p.csv").open()))
+    assert list(rows[0]) == ["input", "labels", "p_cat", "p_dog"] and len(rows) == 3
+    for row in rows:  # each image's tags are those at or above their thresholds
+        expected = [t for t, limit in zip(TAGS, (0.4, 0.6), strict=True) if float(row[f"p_{t}"]) >= limit]
+        assert row["labels"].split() == expected
+
+
+def test_serve_answers_labels_and_probabilities(exported_tags):
+    from project.serve.api import ClassifierAPI
+
+    out, net = exported_tags
+    api = ClassifierAPI(onnx_path=str(out / "model.onnx"))
+    api.setup("cpu")
+    answer = api.encode_response(api.predict(api.decode_request(_png((255, 0, 0)))))
+    assert set(answer) == {"labels", "probabilities"} and set(answer["probabilities"]) == set(TAGS)
+    x = api.pre.normalize(api.pre.decode(_png((255, 0, 0)))[None])
+    eager = torch.sigmoid(net(x))[0].tolist()
+    assert [answer["probabilities"][t] for t in TAGS] == pytest.approx(eager, abs=1e-5)
+    assert answer["labels"] == [t for t, p, limit in zip(TAGS, eager, (0.4, 0.6), strict=True) if p >= limit]
+
+
+def test_quantize_report_gives_map_and_tag_set_agreement():
+    decoder = decoder_for(identity_task().output_spec(), TAGS)  # logits in, as the eager network gives
+    assert isinstance(decoder, Tags)
+    batches = [(LOGITS[:2].numpy(), TARGETS[:2].numpy()), (LOGITS[2:].numpy(), TARGETS[2:].numpy())]
+    flipped = {"FP32 eager": lambda x: x, "INT8": lambda x: x * np.array([1.0, -1.0], dtype=np.float32)}
+    scores, samples = accuracy(flipped, batches, reference="FP32 eager", decoder=decoder)
+    assert samples == 4 and scores["FP32 eager"] == {"accuracy": 1.0, "agreement": 1.0}
+    # dog's ranking reversed: its positives come 3rd (after a tie of two negatives) and 4th
+    assert scores["INT8"]["accuracy"] == pytest.approx((1.0 + (1 / 3 + 2 / 4) / 2) / 2)
+    assert scores["INT8"]["agreement"] == 0.0  # at thresholds 0.5, every image's dog decision flips
+    assert columns(decoder)[1] == "mAP" and columns(decoder)[-1] == "tag sets agree with FP32"
+    from project.export.report import VariantResult
+
+    result = VariantResult("fp32_eager", "FP32 eager", 1.0, 1.0, 1.0, 100.0, 1.0, "m.ckpt", "PyTorch eager")
+    info = {
+        "samples": 4,
+        "split": "test",
+        "threads": 1,
+        "repeats": 1,
+        "warmup": 1,
+        "batch_size": 4,
+        "calibration_batches": 1,
+        "calibration": "minmax",
+        "command": "python -m project quantize",
+        "machine": {"cpu": "cpu", "cpus": 1, "torch": "t", "onnxruntime": "o"},
+        "qat": None,
+    }
+    text = markdown([result], info, decoder)
+    assert text.startswith("| variant | mAP |") and "mAP: macro mean average precision" in text
+
+
+# -- cv's evaluation and the W&B dashboard ----------------------------------------------------------------------
+def test_evaluation_uses_the_tasks_probabilities_loss_and_metrics():
+    from project.studies.evaluate import BestModel, evaluate
+
+    class Plain(TagData):
+        def setup(self, stage):
+            pass
+
+        def transform_batch(self, batch, train):
+            return batch
+
+        def load_state_dict(self, state):
+            pass
+
+    best = BestModel(identity_task().eval(), Plain(), Path("m.ckpt"), 0, None, None)
+    result = evaluate(best, "val")
+    assert torch.allclose(result.probs, PROBS, atol=1e-6) and result.multilabel
+    assert result.metrics == {"val/map": pytest.approx(1.0)}
+    assert result.per_class(TAGS) == {"cat": pytest.approx(1.0), "dog": pytest.approx(1.0)}
+
+
+def test_wandb_dashboard_shows_per_tag_ap_and_pr_curves_not_a_confusion_matrix():
+    from project.callbacks.diagnostics.wandb_dashboard import WandbDashboard
+
+    logged = {}
+    dashboard = WandbDashboard(watch=None)
+    dashboard._logger = SimpleNamespace(log_metrics=lambda metrics, step: logged.update(metrics))  # pyright: ignore[reportAttributeAccessIssue]
+    module = identity_task()
+    run = SimpleNamespace(
+        sanity_checking=False,
+        current_epoch=0,
+        max_epochs=1,
+        training=True,
+        is_global_zero=True,
+        global_step=3,
+        datamodule=TagData(),
+        strategy=SimpleNamespace(reduce=lambda t, reduce_op: t),
+    )
+    dashboard.on_validation_epoch_start(run, module)  # pyright: ignore[reportArgumentType]
+    for i in (0, 2):
+        batch = (LOGITS[i : i + 2], TARGETS[i : i + 2])
+        outputs = {"logits": batch[0], "targets": batch[1]}
+        dashboard.on_validation_batch_end(run, module, outputs, batch, i)  # pyright: ignore[reportArgumentType]
+    dashboard.on_validation_epoch_end(run, module)  # pyright: ignore[reportArgumentType]
+    assert set(logged) == {"val/ap_per_tag", "val/pr_curve"}
+    bars = logged["val/ap_per_tag"].table
+    assert bars.columns == ["tag", "AP"] and [row[0] for row in bars.data] == TAGS
+    assert [row[1] for row in bars.data] == pytest.approx([1.0, 1.0])
+    assert logged["val/pr_curve"].table.columns == ["tag", "recall", "precision"]
