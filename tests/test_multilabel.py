@@ -142,7 +142,9 @@ def test_task_and_data_must_agree_on_what_a_target_is(tmp_path):
     single = ImageClassifier(MLP(num_classes=2, input_shape=(3, 4, 4)), num_classes=2, input_shape=None)
     with pytest.raises(UserError, match=r"data is multi-label .*--model project\.lit\.MultiLabelClassifier"):
         trainer(tmp_path).validate(single, datamodule=TagData(), verbose=False)
-    with pytest.raises(UserError, match=r"gives one class per image: set --data\.multilabel true"):
+    with pytest.raises(
+        UserError, match=r"gives one class per image: train it with --model project\.lit\.ImageClassifier"
+    ):
         check_task_fits_data(identity_task(), SimpleNamespace(multilabel=False))
     check_task_fits_data(single, SimpleNamespace(multilabel=False))  # agree: nothing to say
     check_task_fits_data(identity_task(), object())  # a DataModule that does not say: not checked
@@ -263,6 +265,9 @@ def test_evaluation_uses_the_tasks_probabilities_loss_and_metrics():
     assert torch.allclose(result.probs, PROBS, atol=1e-6) and result.multilabel
     assert result.metrics == {"val/map": pytest.approx(1.0)}
     assert result.per_class(TAGS) == {"cat": pytest.approx(1.0), "dog": pytest.approx(1.0)}
+    assert result.score_name == "map" and result.score == pytest.approx(1.0)
+    ensemble = type(result)(result.probs * torch.tensor([1.0, -1.0]) + 1, result.targets, 0.0)
+    assert ensemble.score == pytest.approx((1.0 + (1 / 3 + 2 / 4) / 2) / 2)  # dog: positives 3rd and 4th
 
 
 def test_wandb_dashboard_shows_per_tag_ap_and_pr_curves_not_a_confusion_matrix():

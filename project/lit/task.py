@@ -279,6 +279,6 @@ def check_task_fits_data(task: ImageTask, datamodule: Any) -> None:
         )
     raise UserError(
         f"model {name} predicts a set of tags per image but the data ({type(datamodule).__name__}) gives one "
-        "class per image: set --data.multilabel true for tagged data, or train with --model "
-        "project.lit.ImageClassifier"
+        "class per image: train it with --model project.lit.ImageClassifier, or give it tagged data "
+        "(configs/csv_multilabel.yaml: --data.multilabel true)"
     )

@@ -33,6 +33,22 @@ class Evaluation:
     def multilabel(self) -> bool:
         return self.targets.ndim == 2
 
+    @property
+    def score_name(self) -> str:
+        """What `score` is, as `fit` names it: `acc`, or `map` for multi-label targets."""
+        return "map" if self.multilabel else "acc"
+
+    @property
+    def score(self) -> float:
+        """Top-1 accuracy, or macro mAP (exact) for multi-label targets: of any probabilities, such as the
+        mean of several models' (cv's ensemble)."""
+        if not self.multilabel:
+            return self.accuracy
+        from torchmetrics.functional.classification import multilabel_average_precision
+
+        num_tags = self.targets.shape[1]
+        return float(multilabel_average_precision(self.probs, self.targets.long(), num_tags, average="macro"))
+
     def per_class(self, class_names: list[str]) -> dict[str, float | None]:
         """Each class's accuracy, or each tag's average precision for multi-label targets; None for a class
         or tag the split has no positive image of."""
