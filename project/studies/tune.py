@@ -19,6 +19,7 @@ import logging
 import shutil
 import signal
 import sys
+import threading
 import warnings
 from pathlib import Path
 from typing import Any
@@ -43,7 +44,7 @@ from project.studies.runner import (
     write_results,
 )
 from project.studies.search import SearchSpace, as_flags, load_search, samples
-from project.studies.storage import lost, open_storage
+from project.studies.storage import database_error, lost, open_storage
 from project.studies.trial_pruning import (
     METRIC_MISSING_ATTR,
     PRUNED_ATTR,
@@ -56,6 +57,17 @@ from project.studies.trial_pruning import (
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED)
 #: The user attribute of a trial stopped by Ctrl-C or SIGTERM (its fit saved last.ckpt; a new trial continues it).
 INTERRUPTED_ATTR = "interrupted"
+
+
+def _database_errors_said_once(hook: Any) -> Any:
+    """A `threading.excepthook` that passes over database errors in Optuna's heartbeat thread: the study's
+    main thread meets the same lost database and says so, in one line."""
+
+    def quiet(args: Any) -> None:
+        if database_error(args.exc_value) is None:
+            hook(args)
+
+    return quiet
 
 
 def _optuna_says_one_line(record: logging.LogRecord) -> bool:
@@ -387,6 +399,8 @@ def tune(
     optuna_log = logging.getLogger("optuna.study._optimize")
     optuna_log.addFilter(_optuna_says_one_line)
     stop = StopAfterFailures(max_failures)
+    thread_hook = threading.excepthook
+    threading.excepthook = _database_errors_said_once(thread_hook)
     try:
         with lost(url, f"the study {study_name}"):
             # n_trials counts over every worker of the study: one starts a trial only while fewer are taken.
@@ -395,6 +409,7 @@ def tune(
             return write_study(study, space, parser, fit_args, study_dir, wandb, wandb_project)
     finally:
         optuna_log.removeFilter(_optuna_says_one_line)
+        threading.excepthook = thread_hook
 
 
 def write_study(
