@@ -36,7 +36,6 @@ EXTRAS = (
     "project.callbacks.whitening",
     "project.callbacks.diagnostics.throughput",
     "project.callbacks.diagnostics.update_ratio",
-    "project.run.preemption",
 )
 
 
@@ -178,6 +177,7 @@ FIT_CORE = set(
         "project.run.interrupts",
         "project.run.lightning_private",
         "project.run.plan",
+        "project.run.preemption",
         "project.run.provenance",
         "project.run.resume",
         "project.run.run_folder",

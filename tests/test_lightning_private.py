@@ -222,3 +222,20 @@ def test_ends_epoch_is_true_after_the_last_batch_only(tmp_path):
     probe = EndsEpoch()
     trainer(tmp_path, [probe], limit_val_batches=0).fit(TinyStream())
     assert probe.answers == [False, False, True]
+
+
+def test_stop_after_this_batch_stops_after_the_batchs_callbacks_through_the_sigterm_path(tmp_path):
+    from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+    seen = []
+
+    class StopAtStep2(Callback):
+        def on_train_batch_end(self, trainer, pl_module, *args):
+            seen.append(trainer.global_step)
+            if trainer.global_step == 2:
+                private.stop_after_this_batch(trainer)
+
+    t = trainer(tmp_path, [StopAtStep2()], max_epochs=2)
+    with pytest.raises(SIGTERMException):  # what the CLI turns into "stopped by ...; resume with ..."
+        t.fit(Tiny())
+    assert seen == [1, 2] and t.global_step == 2 and t.received_sigterm

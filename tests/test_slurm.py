@@ -160,7 +160,13 @@ def fit_args(images: Path, folder: Path, *configs: Path, epochs: int = 6) -> lis
 
 
 def start_signalled_run(
-    images: Path, folder: Path, rank: int, after: int, rng: random.Random, *configs: Path
+    images: Path,
+    folder: Path,
+    rank: int,
+    after: int,
+    rng: random.Random,
+    *configs: Path,
+    signum: int = signal.SIGUSR1,
 ):
     folder.mkdir()
     args = fit_args(images, folder, *configs)
@@ -169,7 +175,7 @@ def start_signalled_run(
     step = start_step(
         [*args, "--trainer.num_nodes", "1", "--trainer.devices", "2"], 2, free_port(), folder, bin_dir
     )
-    sent = signal_after_step(step, folder, rank, after, rng, timeout=180)
+    sent = signal_after_step(step, folder, rank, after, rng, timeout=180, signum=signum)
     return step, sent
 
 
@@ -189,6 +195,28 @@ def test_sigusr1_to_one_ddp_rank_stops_both_at_the_same_step(images, tmp_path, t
     assert torch.load(ckpt, weights_only=True)["global_step"] == stops[0]
     assert (tmp_path / "run" / "scontrol.txt").read_text() == f"requeue {JOB_ID}\n"  # rank 0, once
     assert "error: stopped by SIGUSR1; resume with the same command plus --ckpt_path last" in step.output()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "Ctrl-C"])
+def test_sigterm_or_ctrl_c_to_one_ddp_rank_stops_both_at_the_same_step_without_a_requeue(
+    images, tmp_path, signum
+):
+    # Lightning alone stops the signalled process at the end of its batch while the other waits for it in the
+    # next gradient all-reduce: the run hangs. (`kill PID`, a terminal's Ctrl-C reaching one process.)
+    rng = random.Random(signum)
+    step, sent = start_signalled_run(images, tmp_path / "run", 1, rng.randrange(2, 40), rng, signum=signum)
+    codes = step.wait(timeout=120)
+    expected = 128 + signum
+    assert codes[1] == expected and codes[0] in (expected, 143), (
+        f"after step {sent}: exit codes {codes}\n{step.output()}"
+    )
+    stops = [int((tmp_path / "run" / f"rank{r}.stop").read_text()) for r in range(2)]
+    assert stops[0] == stops[1] >= sent, (stops, sent)
+    ckpt = next((tmp_path / "run" / "logs").glob("runs/version_*/checkpoints/last.ckpt"))
+    assert torch.load(ckpt, weights_only=True)["global_step"] == stops[0]
+    assert not (tmp_path / "run" / "scontrol.txt").exists()  # SIGTERM means stop, not preemption
+    assert "--ckpt_path last" in step.output() and "Received SIGTERM" not in step.output()
 
 
 @pytest.mark.slow

@@ -23,6 +23,7 @@ from project.callbacks.diagnostics.nonfinite import NonFiniteError, NonFiniteGua
 from project.callbacks.diagnostics.wandb_dashboard import WandbDashboard
 from project.callbacks.effective_batch_size import EffectiveBatchSize
 from project.callbacks.prediction_writer import PredictionWriter
+from project.run.preemption import StopAndRequeue, StopTogether
 
 #: Callbacks imported only when a config or command names them: class name -> module.
 OPTIONAL = {
@@ -36,7 +37,6 @@ OPTIONAL = {
     "PatchWhiteningInit": "project.callbacks.whitening",
     "ProgressivePruning": "project.compression.pruning",
     "QuantizationAwareTraining": "project.compression.qat",
-    "StopAndRequeue": "project.run.preemption",
 }
 
 
@@ -64,5 +64,7 @@ __all__ = [
     "NonFiniteError",
     "NonFiniteGuard",
     "PredictionWriter",
+    "StopAndRequeue",
+    "StopTogether",
     "WandbDashboard",
 ]

@@ -53,6 +53,7 @@ from project.run.checkpoints import check_fits, with_atomic_checkpoint_io
 from project.run.interrupts import CtrlCStopsAfterTheBatch
 from project.run.lightning_private import LightningCLIWithTrainerHook
 from project.run.plan import RunPlan, check_accelerator, plan_run, precision_for_this_machine
+from project.run.preemption import StopAndRequeue, StopTogether
 from project.run.provenance import LoggerSaveConfigCallback, RNGState, RunInfo
 from project.run.resume import LogsBeforeCheckpoints, keep_csv_metrics
 from project.run.run_folder import release_run_folders
@@ -159,16 +160,18 @@ class ProjectCLI(LightningCLIWithTrainerHook):
         if any(isinstance(c, ModelSummary) for c in callbacks):
             trainer_config["enable_model_summary"] = False  # ours is there: Lightning need not add its own
         callbacks.append(EffectiveBatchSize())
-        if self.subcommand == "fit" and under_slurm(trainer_config["plugins"]):
-            # Lightning's own SLURM handler saves a checkpoint inside the signal handler, which can hang a job
-            # of several processes: the template's stops every process at the same step instead, then requeues.
-            from project.run.preemption import StopAndRequeue
-
-            trainer_config["plugins"].append(SLURMEnvironment(auto_requeue=False))
+        if self.subcommand == "fit":
+            # A signal to any one process stops every process at the same step (Lightning's own handlers can
+            # hang a run of several processes); inside a SLURM job the preemption warning also requeues it, and
+            # Lightning's SLURM handler, which saves a checkpoint inside the signal handler, is switched off.
+            stop: StopTogether = StopTogether()
+            if under_slurm(trainer_config["plugins"]):
+                trainer_config["plugins"].append(SLURMEnvironment(auto_requeue=False))
+                stop = StopAndRequeue()
             if not any(
-                isinstance(c, StopAndRequeue) for c in [*callbacks, *(trainer_config.get("callbacks") or [])]
+                isinstance(c, StopTogether) for c in [*callbacks, *(trainer_config.get("callbacks") or [])]
             ):
-                callbacks.append(StopAndRequeue())
+                callbacks.append(stop)
         if self.subcommand == "fit":  # (with a subcommand, there is a plan)
             # Every checkpoint carries the RNG states and the run's identity; logs are on disk before it is.
             callbacks += [

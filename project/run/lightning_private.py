@@ -49,6 +49,18 @@ def ends_epoch(trainer: L.Trainer) -> bool:
     return trainer.fit_loop.epoch_loop._num_ready_batches_reached()
 
 
+def stop_after_this_batch(trainer: L.Trainer) -> None:
+    """Make Lightning stop after the current training batch as it does on SIGTERM (SIGTERMException, after the
+    batch's callbacks), without its SIGTERM handler, which broadcasts from inside the handler. Called on every
+    process at the same step, so every process stops there."""
+    connector = trainer._signal_connector  # the private state behind the public `trainer.received_sigterm`
+    if not hasattr(connector, "received_sigterm"):
+        raise RuntimeError(
+            "this Lightning version keeps no `received_sigterm`: stop_after_this_batch needs updating"
+        )
+    connector.received_sigterm = True
+
+
 # -- tuning -------------------------------------------------------------------------------------------------
 
 

@@ -1,16 +1,19 @@
-"""Preemption warnings (SLURM's `--signal=USR1@N`): every process stops at the same step, saves, requeues.
+"""Stopping every process at the same step: on SIGTERM, Ctrl-C, or SLURM's preemption warning.
 
 A signal can arrive while a process is anywhere: in a forward pass, or waiting in the gradient all-reduce for
-the other processes. A handler that saves a checkpoint right there (Lightning's SLURM auto-requeue does) runs
-collectives (barriers, broadcasts) that the other processes are not running at that moment, and the job can
-hang until its time limit. Here the handler only sets a flag. At the end of each training batch every process
-takes part in one small all-reduce of the flags, so all of them learn about the signal at the same step even
-when only one got it, and they stop there the way Lightning stops on SIGTERM: `last.ckpt` is saved
-(BestAndLastCheckpoint), the run ends with `error: stopped by SIGUSR1 ...`, and under SLURM rank 0 requeues
-the job, which continues the same run with `--ckpt_path last` when it starts again.
+the other processes, and it may reach one process only (`kill PID`, a node's OOM killer warning, SLURM's
+`scancel --signal` to one task). Lightning's own SIGTERM handler broadcasts from inside the handler, and its
+SLURM auto-requeue handler saves a checkpoint there: collectives the other processes are not running at that
+moment, so the job hangs until its time limit, or one process stops while the others wait for it for ever.
+Here a handler only sets a flag. At the end of each training batch every process takes part in one small
+all-reduce of the flags, so all of them learn about the signal at the same step even when only one got it,
+and they stop there through Lightning's own stop path: `last.ckpt` is saved (BestAndLastCheckpoint) on every
+process at once, and the run ends with `error: stopped by ...; resume with ... --ckpt_path last`.
 
-Inside a SLURM job, `fit` adds it with Lightning's own SLURM handler switched off
-(`SLURMEnvironment(auto_requeue=False)`), unless the config chose a cluster environment itself.
+`fit` always has `StopTogether` (SIGTERM; the first Ctrl-C arrives as SIGTERM, see `interrupts`). Inside a
+SLURM job it has `StopAndRequeue` instead, which also takes SIGUSR1 (`--signal=USR1@N`) and then requeues the
+job, with Lightning's own SLURM handler switched off (`SLURMEnvironment(auto_requeue=False)`) unless the config
+chose a cluster environment itself.
 """
 
 import atexit
@@ -23,6 +26,7 @@ import threading
 from typing import Any
 
 import lightning as L
+import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import SIGTERMException
@@ -39,69 +43,60 @@ def slurm_job_id() -> str | None:
     return job_id if job_id and re.fullmatch(r"[0-9_]+", job_id) else None
 
 
-def request_stop(trainer: L.Trainer) -> None:
-    """Make Lightning stop after this batch as if SIGTERM had arrived, without its SIGTERM handler (which
-    broadcasts from inside the handler). Called on every process at the same step."""
-    connector = trainer._signal_connector  # Lightning's private state behind `trainer.received_sigterm`
-    if not hasattr(connector, "received_sigterm"):
-        raise RuntimeError(
-            "this Lightning version keeps no `received_sigterm`: StopAndRequeue needs updating"
-        )
-    connector.received_sigterm = True
+def signal_named(name: str, key: str) -> signal.Signals:
+    names = sorted(s.name for s in signal.Signals if s not in (signal.SIGKILL, signal.SIGSTOP))
+    if name not in names:
+        raise UserError(f"{key} {name!r} is not a signal: one of {', '.join(names)}")
+    return signal.Signals[name]
 
 
-class StopAndRequeue(Callback):
-    """On `signal_name` (to any process), stop every process after the same training batch with `last.ckpt`
-    saved; under SLURM (SLURM_JOB_ID set), rank 0 then runs `scontrol requeue` on the job.
+class StopTogether(Callback):
+    """On SIGTERM to any process (or the first Ctrl-C, which arrives as SIGTERM), every process stops after the
+    same training batch with `last.ckpt` saved.
 
     The handler is in place from the start of training to its end. A signal during validation takes effect
     after the next training batch. One that comes during an epoch's last batch waits for the epoch's
     validation and its checkpoint, and the run stops after the next batch (a checkpoint written between an
     epoch's last batch and its validation would skip that validation on resume); in the last epoch, the run
-    just finishes. SLURM's warning must leave time for that: `--signal=USR1@N` with N above the time of one
-    validation plus a checkpoint save.
+    just finishes.
 
     Args:
-        signal_name: The signal that announces the end (SLURM's `--signal` sends SIGUSR1 unless told another).
-        requeue: Under SLURM, requeue the job after the stop (rank 0 runs `scontrol requeue $SLURM_JOB_ID` as
-            the process exits, after the run's files are closed: the requeue ends every process of the job).
-        check_every_n_batches: How often the processes agree on the flag (one all-reduce of one number); a
+        check_every_n_batches: How often the processes agree on the flags (one all-reduce of one number); a
             larger value costs less per step and reacts that many batches later.
     """
 
-    def __init__(
-        self, signal_name: str = "SIGUSR1", requeue: bool = True, check_every_n_batches: int = 1
-    ) -> None:
-        names = sorted(s.name for s in signal.Signals if s not in (signal.SIGKILL, signal.SIGSTOP))
-        if signal_name not in names:
-            raise UserError(
-                f"StopAndRequeue signal_name {signal_name!r} is not a signal: one of {', '.join(names)}"
-            )
+    #: The signals this callback stops on, in order of precedence: when processes got different ones, the
+    #: run stops for the last one any of them got.
+    signal_names: tuple[str, ...] = ("SIGTERM",)
+
+    def __init__(self, check_every_n_batches: int = 1) -> None:
         if check_every_n_batches < 1:
-            raise UserError(f"StopAndRequeue check_every_n_batches must be >= 1, got {check_every_n_batches}")
-        self.signal_name = signal_name
-        self.requeue = requeue
+            raise UserError(
+                f"{type(self).__name__} check_every_n_batches must be >= 1, got {check_every_n_batches}"
+            )
         self.check_every_n_batches = check_every_n_batches
-        self.received = False  # set by the handler in this process
-        self.stopped = False  # every process agreed to stop
-        self._before: Any = None
+        self.received = 0  # set by the handler in this process: 1 + the index of the signal in signal_names
+        self.stopped_by: str | None = None  # the signal every process agreed to stop for
+        self._before: dict[signal.Signals, Any] = {}
 
     # -- the handler: a flag, nothing else (it may run in the middle of any computation or collective) --------
 
     def _on_signal(self, signum: int, frame: Any) -> None:
-        self.received = True
+        code = 1 + self.signal_names.index(signal.Signals(signum).name)
+        self.received = max(self.received, code)
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        # From here to the end of training; Lightning, which saves the process's handlers before this hook and
-        # puts them back after the run, then restores the one this replaced.
+        # From here to the end of training, in place of Lightning's handlers (Lightning, which saves the
+        # process's handlers before this hook and restores them after the run, gets its own back then).
         if threading.current_thread() is threading.main_thread():  # the only thread that may set handlers
-            self.received = self.stopped = False
-            self._before = signal.signal(signal.Signals[self.signal_name], self._on_signal)
+            self.received, self.stopped_by = 0, None
+            for name in self.signal_names:
+                self._before[signal.Signals[name]] = signal.signal(signal.Signals[name], self._on_signal)
 
     def _restore(self) -> None:
-        if self._before is not None:
-            signal.signal(signal.Signals[self.signal_name], self._before)
-            self._before = None
+        for signum, handler in self._before.items():
+            signal.signal(signum, handler)
+        self._before = {}
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._restore()
@@ -111,25 +106,64 @@ class StopAndRequeue(Callback):
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        if self.stopped or (batch_idx + 1) % self.check_every_n_batches:
+        if self.stopped_by or (batch_idx + 1) % self.check_every_n_batches:
             return
         # Every process runs this all-reduce at every check, signalled or not: the flag stays set until the stop.
-        if not trainer.strategy.reduce_boolean_decision(self.received, all=False):
+        flag = torch.tensor(self.received, device=trainer.strategy.root_device)
+        code = int(trainer.strategy.reduce(flag, reduce_op="max"))
+        if not code:
             return
         if private.ends_epoch(trainer):
             return  # after this epoch's validation and checkpoint: the next batch stops
-        self.stopped = True
-        interrupts.stopped_by = self.signal_name
+        self.stopped_by = self.signal_names[code - 1]
+        if self.stopped_by != "SIGTERM":  # SIGTERM keeps what interrupts recorded (Ctrl-C arrives as one)
+            interrupts.stopped_by = self.stopped_by
         rank_zero_info(
-            f"{self.signal_name}: every process stops after step {trainer.global_step} and saves last.ckpt"
+            f"{interrupts.stopped_by}: every process stops after step {trainer.global_step} and saves last.ckpt"
         )
-        request_stop(trainer)  # BestAndLastCheckpoint, called after this callback, saves last.ckpt
+        # Lightning stops after this batch, on every process alike, and BestAndLastCheckpoint (called after
+        # this callback) saves last.ckpt first.
+        private.stop_after_this_batch(trainer)
 
     def on_exception(
         self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException
     ) -> None:
         self._restore()
-        if not (self.stopped and isinstance(exception, SIGTERMException)):
+
+
+class StopAndRequeue(StopTogether):
+    """`StopTogether`, also on SLURM's preemption warning (`--signal=USR1@N`), after which rank 0 requeues the
+    job (SLURM_JOB_ID set): it continues the same run with `--ckpt_path last` when it starts again. SIGTERM
+    (`scancel`, the time limit) still stops without a requeue.
+
+    SLURM's warning must leave time for the stop: `--signal=USR1@N` with N above the time of one validation
+    plus a checkpoint save.
+
+    Args:
+        signal_name: The preemption warning (SLURM's `--signal` sends SIGUSR1 unless told another).
+        requeue: Under SLURM, requeue the job after the stop (rank 0 runs `scontrol requeue $SLURM_JOB_ID` as
+            the process exits, after the run's files are closed: the requeue ends every process of the job).
+        check_every_n_batches: How often the processes agree on the flags (see `StopTogether`).
+    """
+
+    def __init__(
+        self, signal_name: str = "SIGUSR1", requeue: bool = True, check_every_n_batches: int = 1
+    ) -> None:
+        signal_named(signal_name, "StopAndRequeue signal_name")
+        if signal_name == "SIGTERM":
+            raise UserError(
+                "StopAndRequeue signal_name SIGTERM: SIGTERM always stops; name the warning signal"
+            )
+        super().__init__(check_every_n_batches)
+        self.signal_name = signal_name
+        self.signal_names = ("SIGTERM", signal_name)  # the warning outranks SIGTERM: the job is requeued
+        self.requeue = requeue
+
+    def on_exception(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException
+    ) -> None:
+        super().on_exception(trainer, pl_module, exception)
+        if self.stopped_by != self.signal_name or not isinstance(exception, SIGTERMException):
             return
         job_id = slurm_job_id()
         if self.requeue and job_id and trainer.is_global_zero:

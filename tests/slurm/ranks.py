@@ -86,9 +86,15 @@ def start_step(args: list[str], ntasks: int, port: int, folder: Path, bin_dir: P
 
 
 def signal_after_step(
-    step: Step, probe_dir: Path, rank: int, after: int, rng: random.Random, timeout: float
+    step: Step,
+    probe_dir: Path,
+    rank: int,
+    after: int,
+    rng: random.Random,
+    timeout: float,
+    signum: int = signal.SIGUSR1,
 ) -> int:
-    """Send SIGUSR1 to `rank` once rank 0 has finished optimizer step `after`, a random few milliseconds
+    """Send `signum` to `rank` once rank 0 has finished optimizer step `after`, a random few milliseconds
     later (so it lands anywhere in a step: forward, backward, the gradient all-reduce, the optimizer).
     Returns the step rank 0 had reached when it was sent."""
     progress = probe_dir / "rank0.step"
@@ -99,7 +105,7 @@ def signal_after_step(
         text = progress.read_text() if progress.exists() else ""
         if text and int(text) >= after:
             time.sleep(rng.uniform(0, 0.03))
-            os.kill(step.procs[rank].pid, signal.SIGUSR1)
+            os.kill(step.procs[rank].pid, signum)
             return int(text)
         time.sleep(0.002)
     raise AssertionError(f"step {after} not reached in {timeout}s\n{step.output()}")
