@@ -2,8 +2,9 @@
 
 Each output is an independent yes/no per tag. Validation ranks the model by macro mean average precision
 (`val/map`, threshold-free) and picks each tag's decision threshold: the one that maximises that tag's F1 on
-the validation split. The thresholds are saved with the weights (a buffer) and in the checkpoint's `task`
-record, so `predict`, `export` and `serve` answer the same label sets.
+the validation split (`val/f1` is the mean F1 at those thresholds, so it flatters; `test/f1` is measured at the
+thresholds validation chose). The thresholds are saved with the weights (a buffer) and in the checkpoint's
+`task` record, so `predict`, `export` and `serve` answer the same label sets.
 """
 
 from typing import Any, ClassVar, Literal
@@ -106,19 +107,19 @@ class MultiLabelClassifier(ImageTask):
         return outputs.float().sigmoid()
 
     def predict_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> dict[str, Tensor]:
-        """Per input: its dataset index and each tag's probability."""
+        """Per input: its dataset index, each tag's probability, and whether it reaches the tag's threshold."""
         x, index = batch
-        return {"index": index, "probs": self.probabilities(self(x))}
+        probs = self.probabilities(self(x))
+        return {"index": index, "probs": probs, "tagged": probs >= self.thresholds}
 
     def prediction_columns(self) -> tuple[str, ...]:
         return (*self.prediction_header, *(f"p_{name}" for name in self.class_names))
 
     def prediction_row(self, prediction: dict[str, Any], i: int) -> list[Any]:
-        probs = prediction["probs"][i]
         labels = [
-            n for n, p, t in zip(self.class_names, probs, self.thresholds.tolist(), strict=True) if p >= t
+            name for name, tagged in zip(self.class_names, prediction["tagged"][i], strict=True) if tagged
         ]
-        return [" ".join(labels), *(f"{p:.6f}" for p in probs)]
+        return [" ".join(labels), *(f"{p:.6f}" for p in prediction["probs"][i])]
 
     def output_spec(self) -> dict[str, Any]:
         return super().output_spec() | {
