@@ -1,5 +1,5 @@
 """What the per-step rank agreement of the preemption check costs: one all-reduce of one number per training batch
-(`StopAndRequeue`, via the strategy's `reduce_boolean_decision`), with 1 and with 2 processes (gloo, the CPU
+(`StopTogether`, in every fit, via the strategy's `reduce(flag, "max")`), with 1 and with 2 processes (gloo, the CPU
 backend; NCCL on GPUs is faster still). With 1 process the strategy answers without a collective.
 
     python -m benchmarks.rank_agreement --calls 2000
@@ -26,7 +26,7 @@ def agree(world_size: int, rank: int, calls: int, port: int, results: "mp.Queue"
         start = time.perf_counter()
         for _ in range(calls):
             if world_size > 1:
-                dist.all_reduce(flag, op=dist.ReduceOp.SUM)  # what reduce_boolean_decision(all=False) runs
+                dist.all_reduce(flag, op=dist.ReduceOp.MAX)  # what the strategy's reduce(flag, "max") runs
             else:
                 bool(flag)
         times.append((time.perf_counter() - start) / calls)
