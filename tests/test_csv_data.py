@@ -14,7 +14,7 @@ from project.cli import main
 from project.data import ImageCSVDataModule
 from project.data.folds import fold_split, iterative_stratification
 from project.errors import UserError
-from tests.conftest import CONFIGS
+from tests.conftest import CONFIGS, run_cli
 
 TAGS = ["cat", "dog", "sky"]
 
@@ -212,6 +212,16 @@ def test_folds_of_a_csv_cover_every_image_once_and_stats_come_from_training(tmp_
     assert sorted(vals) == list(range(12))
 
 
+def test_unreadable_images_in_a_csv_are_named_or_left_out(tmp_path, capsys):
+    csv = dataset(tmp_path)
+    (csv.parent / "img" / "4.png").write_bytes(b"not a png")
+    with pytest.raises(UserError, match=r"4\.png.*skip_corrupt"):
+        csv_dm(csv, tmp_path).setup("fit")
+    dm = csv_dm(csv, tmp_path, skip_corrupt=True, cache=False)
+    dm.setup("fit")
+    assert len(dm.train_set) + len(dm.val_set) == 11 and "leaving out 1 unreadable" in capsys.readouterr().err
+
+
 # -- multi-label -----------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("cache", [True, False])
 def test_multilabel_targets_are_float_multi_hot_rows(tmp_path, cache):
@@ -308,3 +318,19 @@ def test_fit_with_configs_csv_yaml(tmp_path):
         "--trainer.enable_progress_bar", "false", "--trainer.default_root_dir", tmp_path / "logs",
     ]  # fmt: skip
     main([str(a) for a in args])
+
+
+@pytest.mark.slow
+def test_cross_validation_over_a_csv(tmp_path):
+    csv = dataset(tmp_path, n=18)
+    args = [
+        "cv", "--config", CONFIGS / "csv.yaml", "--data.csv", csv, "--data.cache_dir", tmp_path / "cache",
+        "--model.net", "SimpleCNN", "--model.net.init_args.width", "4", "--model.net.init_args.hidden", "8",
+        "--data.image_size", "8", "--data.batch_size", "4", "--data.num_workers", "0",
+        "--trainer.accelerator", "cpu", "--trainer.precision", "32-true", "--trainer.max_epochs", "1",
+        "--trainer.enable_progress_bar", "false", "--trainer.default_root_dir", tmp_path / "logs",
+        "--folds", "2", "--wandb", "false",
+    ]  # fmt: skip
+    run_cli(*map(str, args), cwd=tmp_path)
+    results = (tmp_path / "logs" / "cv" / "csv" / "cv_results.md").read_text()
+    assert "| 0 |" in results and "| 1 |" in results and "| a |" in results
