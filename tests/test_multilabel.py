@@ -298,3 +298,73 @@ def test_wandb_dashboard_shows_per_tag_ap_and_pr_curves_not_a_confusion_matrix()
     assert bars.columns == ["tag", "AP"] and [row[0] for row in bars.data] == TAGS
     assert [row[1] for row in bars.data] == pytest.approx([1.0, 1.0])
     assert logged["val/pr_curve"].table.columns == ["tag", "recall", "precision"]
+
+
+# -- end to end, through the command line ---------------------------------------------------------------------
+def colour_tagged(folder: Path, n: int = 48) -> Path:
+    """`folder/tags.csv` over 8x8 PNGs: red when tagged `red`, blue when tagged `blue` (any of 4 sets)."""
+    rng = np.random.default_rng(0)
+    (folder / "img").mkdir(parents=True)
+    rows = []
+    for i in range(n):
+        red, blue = i % 2 == 1, i % 4 >= 2
+        pixels = rng.integers(0, 60, (8, 8, 3))
+        pixels[..., 0] += 180 * red
+        pixels[..., 2] += 180 * blue
+        Image.fromarray(pixels.astype(np.uint8)).save(folder / "img" / f"{i}.png")
+        rows.append(f"img/{i}.png,{' '.join(t for t, has in (('red', red), ('blue', blue)) if has)}")
+    (folder / "tags.csv").write_text("\n".join(["path,tags", *rows]) + "\n")
+    return folder / "tags.csv"
+
+
+@pytest.mark.slow
+def test_tagged_csv_fit_predict_export_and_predict_onnx_agree(tmp_path):
+    from project.export.predict_onnx import predict_onnx
+    from tests.conftest import CONFIGS, newest_run, run_cli
+
+    csv_file = colour_tagged(tmp_path / "data")
+    common = [
+        "--config", CONFIGS / "csv_multilabel.yaml", "--config", CONFIGS / "debug.yaml",
+        "--data.csv", csv_file, "--data.cache_dir", tmp_path / "cache", "--data.image_size", "8",
+        "--data.batch_size", "8", "--data.num_workers", "0", "--data.val_fraction", "0.25",
+        "--model.net", "project.models.MLP", "--model.net.init_args.hidden", "16",
+        "--model.scheduler", "null", "--model.optimizer.init_args.lr", "0.01",
+        "--trainer.default_root_dir", tmp_path / "logs", "--trainer.enable_progress_bar", "false",
+    ]  # fmt: skip
+    refused = run_cli("fit", *common, "--model", "ImageClassifier", cwd=tmp_path, check=False)
+    assert refused.returncode == 1
+    assert refused.stderr.strip().splitlines()[-1].startswith("error: the data is multi-label")
+    run_cli(
+        "fit", *common, "--model.pos_weight", "balanced", "--trainer.max_epochs", "8",
+        "--trainer.limit_train_batches", "null", "--trainer.limit_val_batches", "null", cwd=tmp_path,
+    )  # fmt: skip
+    run = newest_run(tmp_path / "logs")
+    ckpt = run / "checkpoints" / "last.ckpt"
+    record = torch.load(ckpt, weights_only=True)["task"]
+    assert record["kind"] == "tags" and record["names"] == ["blue", "red"] and len(record["thresholds"]) == 2
+
+    run_cli(
+        "predict", "--config", run / "config.yaml", "--ckpt_path", ckpt,
+        "--trainer.default_root_dir", tmp_path / "p", "--trainer.limit_predict_batches", "null",
+        "--prediction_writer.output_path", tmp_path / "ckpt.csv", cwd=tmp_path,
+    )  # fmt: skip
+    from project.export.model_export import export
+
+    export(str(ckpt), format="onnx", output_dir=str(tmp_path / "export"))
+    predict_onnx(
+        str(tmp_path / "export" / "model.onnx"), str(tmp_path / "data" / "img"), str(tmp_path / "o.csv")
+    )
+    by_ckpt = {Path(r["input"]).name: r for r in csv.DictReader((tmp_path / "ckpt.csv").open())}
+    by_onnx = {Path(r["input"]).name: r for r in csv.DictReader((tmp_path / "o.csv").open())}
+    assert list(next(iter(by_ckpt.values()))) == ["input", "labels", "p_blue", "p_red"]
+    assert by_ckpt and set(by_ckpt) <= set(by_onnx)
+    for name, row in by_ckpt.items():
+        assert by_onnx[name]["labels"] == row["labels"]
+        assert float(by_onnx[name]["p_red"]) == pytest.approx(float(row["p_red"]), abs=1e-4)
+    # The colours are learnable: the tags are right on (nearly) every predicted image.
+    truth = {
+        f"{i}.png": " ".join(t for t, has in (("blue", i % 4 >= 2), ("red", i % 2 == 1)) if has)
+        for i in range(48)
+    }
+    right = sum(row["labels"] == truth[name] for name, row in by_ckpt.items())
+    assert right >= 0.8 * len(by_ckpt)
