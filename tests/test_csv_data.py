@@ -2,6 +2,7 @@
 by file, row and value, the cache keyed by the CSV, validation splits and folds (iterative stratification for
 multi-label data), and a fit through the CLI."""
 
+import pickle
 from collections import Counter
 from pathlib import Path
 
@@ -73,6 +74,7 @@ def test_paths_with_or_without_extension_named_columns_and_numeric_labels(tmp_pa
 def test_images_default_to_the_csv_folder_and_batches_are_uint8_and_int64(tmp_path):
     dm = csv_dm(dataset(tmp_path), tmp_path)
     assert dm.class_names == ["a", "b", "c"] and dm.num_classes == 3
+    pickle.loads(pickle.dumps(dm))  # DDP's spawn and notebook launchers pickle the DataModule
     dm.setup("fit")
     assert len(dm.train_set) + len(dm.val_set) == 12
     assert sorted(dm.val_set.targets[dm.val_set.indices].tolist()) == [0, 1, 2]  # stratified: one per class

@@ -272,32 +272,31 @@ class FileFinder:
 
     def __init__(self, root: Path) -> None:
         self.root = str(root)
-        self.folders: dict[str, tuple[dict[str, os.DirEntry], dict[str, list[os.DirEntry]]]] = {}
+        #: folder -> (its file names, image names by name without extension)
+        self.folders: dict[str, tuple[set[str], dict[str, list[str]]]] = {}
 
     def find(self, relative: str) -> tuple[str, tuple[int, int]] | list[str] | None:
         """(absolute path, (size, mtime)) of the file, the candidates when several images share the name
         without extension, or None when there is no such file."""
         folder, name = os.path.split(os.path.normpath(os.path.join(self.root, relative)))
         if folder not in self.folders:
-            files: dict[str, os.DirEntry] = {}
             try:
                 with os.scandir(folder) as entries:
-                    files = {e.name: e for e in entries if e.is_file()}
+                    names = {e.name for e in entries if e.is_file()}
             except OSError:  # no such folder: the files in it are missing
-                pass
-            stems: dict[str, list[os.DirEntry]] = {}
-            for n, entry in files.items():
+                names = set()
+            stems: dict[str, list[str]] = {}
+            for n in sorted(names):
                 if n.lower().endswith(IMAGE_EXTENSIONS):
-                    stems.setdefault(os.path.splitext(n)[0], []).append(entry)
-            self.folders[folder] = (files, stems)
-        files, stems = self.folders[folder]
-        entries = [files[name]] if name in files else stems.get(name, [])
-        if len(entries) > 1:
-            return sorted(e.name for e in entries)
-        if not entries:
-            return None
-        st = entries[0].stat()
-        return entries[0].path, (st.st_size, st.st_mtime_ns)
+                    stems.setdefault(os.path.splitext(n)[0], []).append(n)
+            self.folders[folder] = (names, stems)
+        names, stems = self.folders[folder]
+        found = [name] if name in names else stems.get(name, [])
+        if len(found) != 1:
+            return found or None
+        path = os.path.join(folder, found[0])
+        st = os.stat(path)
+        return path, (st.st_size, st.st_mtime_ns)
 
 
 def _existing(path: str, key: str) -> Path:
