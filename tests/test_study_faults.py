@@ -247,3 +247,123 @@ def wait_for(path_glob: Path, pattern: str, proc: subprocess.Popen, seconds: flo
     while not list(path_glob.glob(pattern)):
         assert proc.poll() is None and time.monotonic() < deadline, f"no {pattern} under {path_glob}"
         time.sleep(0.2)
+
+
+def _fit_with_checkpoint(study: subprocess.Popen, seconds: float = 240) -> str:
+    """The trial or fold folder of the study's running fit, once that fit has saved a last.ckpt."""
+    import psutil
+
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        assert study.poll() is None, study.communicate()
+        for child in psutil.Process(study.pid).children(recursive=True):
+            try:
+                command = child.cmdline()
+            except psutil.Error:
+                continue
+            if "fit" in command and "--trainer.default_root_dir" in command:
+                # the last one: the study's own, after the user's
+                folder = command[len(command) - command[::-1].index("--trainer.default_root_dir")]
+                if list(Path(folder).rglob("last.ckpt")):
+                    return folder
+        time.sleep(0.1)
+    raise AssertionError("no fit of the study reached its first checkpoint")
+
+
+def _ctrl_c(args: list[str], cwd: Path) -> tuple[str, str, str]:
+    """Run a study, press Ctrl-C (SIGINT to its whole process group, as a terminal does) once a fit has a
+    checkpoint; (the interrupted fit's folder, stdout, stderr)."""
+    study = subprocess.Popen(
+        [sys.executable, str(ROOT / "tests" / "patched_main.py"), *args],
+        cwd=cwd,
+        env=subprocess_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        folder = _fit_with_checkpoint(study)
+        os.killpg(study.pid, signal.SIGINT)
+        out, err = study.communicate(timeout=300)
+    finally:
+        if study.poll() is None:
+            study.kill()
+    assert study.returncode == 128 + signal.SIGINT, err[-4000:]
+    for noise in ("Traceback", "KeyboardInterrupt", "Received SIGTERM", "none saved yet"):
+        assert noise not in err, err[-4000:]
+    return folder, out, err
+
+
+@pytest.mark.slow
+def test_ctrl_c_in_tune_is_one_line_and_the_rerun_continues_the_trial_from_its_checkpoint(tmp_path):
+    from tests.conftest import run_cli
+
+    data = tiny_folder(tmp_path / "images")
+    search = tmp_path / "lr.yaml"
+    search.write_text(LR)
+    fit_args = tiny_fit_args(data, tmp_path, "--trainer.logger", "false", "--trainer.max_epochs", "4")
+    args = [
+        "tune",
+        *fit_args,
+        "--search",
+        str(search),
+        "--n_trials",
+        "1",
+        "--pruner",
+        "none",
+        "--wandb",
+        "false",
+    ]
+    folder, _, err = _ctrl_c(args, tmp_path)
+    assert err.strip().splitlines()[-1] == (
+        "error: stopped by Ctrl-C during trial 0; rerun the same tune command to continue: the trial resumes "
+        f"from its last.ckpt in {folder}"
+    )
+    rerun = run_cli(*args, cwd=tmp_path)
+    assert "trial 1 (continuing trial_0): python -m project fit" in rerun.stdout
+    assert "--ckpt_path last" in rerun.stdout
+    assert len(list((Path(folder) / "runs").glob("version_*"))) == 1  # the same run, continued in place
+    table = json.loads((tmp_path / "logs" / "tune" / "lr" / "trials.json").read_text())["trials"]
+    assert {r["trial"]: r["state"] for r in table} == {0: "INTERRUPTED, continued by trial 1", 1: "COMPLETE"}
+
+
+@pytest.mark.slow
+def test_ctrl_c_in_cv_is_one_line_and_the_rerun_resumes_the_fold(tmp_path):
+    from tests.conftest import run_cli
+
+    data = tiny_folder(tmp_path / "images")
+    fit_args = tiny_fit_args(data, tmp_path, "--trainer.logger", "false", "--trainer.max_epochs", "4")
+    args = ["cv", *fit_args, "--folds", "2", "--name", "cv", "--wandb", "false"]
+    folder, out, err = _ctrl_c(args, tmp_path)
+    assert folder.endswith("fold_0")
+    assert err.strip().splitlines()[-1] == (
+        "error: stopped by Ctrl-C during fold 0 of 2; rerun the same cv command to continue: fold 0 resumes from "
+        "its last.ckpt"
+    )
+    rerun = run_cli(*args, cwd=tmp_path)
+    assert len(list((Path(folder) / "runs").glob("version_*"))) == 1  # the same run, continued in place
+    assert (tmp_path / "logs" / "cv" / "cv" / "cv_results.json").is_file()
+    # The study passes --ckpt_path last only to a fold it can continue: no notice for every new fold.
+    assert "no run of these settings" not in out + err + rerun.stdout + rerun.stderr
+
+
+@pytest.mark.slow
+def test_a_search_metric_the_fit_never_logs_stops_the_study_after_its_first_validation(tmp_path):
+    from tests.conftest import run_cli
+
+    data = tiny_folder(tmp_path / "images")
+    search = tmp_path / "lr.yaml"
+    search.write_text("metric: val/f1_best\n" + LR)
+    fit_args = tiny_fit_args(data, tmp_path, "--trainer.logger", "false")
+    args = ["tune", *fit_args, "--search", str(search), "--n_trials", "3", "--wandb", "false"]
+    proc = run_cli(*args, cwd=tmp_path, check=False)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-4000:]
+    assert (
+        proc.stderr.strip()
+        .splitlines()[-1]
+        .startswith(
+            f"error: search file {search}: the metric val/f1_best is never logged by the fit (it logs "
+        )
+    )
+    assert "trial 1" not in proc.stdout  # the study stopped at its first trial
