@@ -343,11 +343,12 @@ def test_tagged_csv_fit_predict_export_and_predict_onnx_agree(tmp_path):
     record = torch.load(ckpt, weights_only=True)["task"]
     assert record["kind"] == "tags" and record["names"] == ["blue", "red"] and len(record["thresholds"]) == 2
 
-    run_cli(
+    predict = [
         "predict", "--config", run / "config.yaml", "--ckpt_path", ckpt,
         "--trainer.default_root_dir", tmp_path / "p", "--trainer.limit_predict_batches", "null",
-        "--prediction_writer.output_path", tmp_path / "ckpt.csv", cwd=tmp_path,
-    )  # fmt: skip
+        "--prediction_writer.output_path", tmp_path / "ckpt.csv",
+    ]  # fmt: skip
+    run_cli(*map(str, predict), cwd=tmp_path)
     from project.export.model_export import export
 
     export(str(ckpt), format="onnx", output_dir=str(tmp_path / "export"))
@@ -368,3 +369,14 @@ def test_tagged_csv_fit_predict_export_and_predict_onnx_agree(tmp_path):
     }
     right = sum(row["labels"] == truth[name] for name, row in by_ckpt.items())
     assert right >= 0.8 * len(by_ckpt)
+    # serve from the checkpoint answers the same tags as predict did
+    from project.serve.api import ClassifierAPI
+
+    api = ClassifierAPI(ckpt_path=str(ckpt))
+    api.setup("cpu")
+    name, row = next(iter(by_ckpt.items()))
+    answer = api.encode_response(
+        api.predict(api.decode_request((tmp_path / "data" / "img" / name).read_bytes()))
+    )
+    assert " ".join(answer["labels"]) == row["labels"]
+    assert answer["probabilities"]["red"] == pytest.approx(float(row["p_red"]), abs=1e-4)
