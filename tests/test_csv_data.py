@@ -336,3 +336,12 @@ def test_cross_validation_over_a_csv(tmp_path):
     run_cli(*map(str, args), cwd=tmp_path)
     results = (tmp_path / "logs" / "cv" / "csv" / "cv_results.md").read_text()
     assert "| 0 |" in results and "| 1 |" in results and "| a |" in results
+
+
+def test_a_multilabel_validation_split_that_comes_out_empty_says_what_to_change(tmp_path):
+    write_images(tmp_path / "img", 3)
+    csv = write_csv(tmp_path / "t.csv", ["img/0.png,cat", "img/1.png,", "img/2.png,cat dog"])
+    with pytest.raises(
+        UserError, match=r"data.val_fraction=0.1 leaves no image to validate on.*raise data.val_fraction"
+    ):
+        csv_dm(csv, tmp_path, multilabel=True, val_fraction=0.1).setup("fit")

@@ -271,7 +271,7 @@ def test_a_validation_split_that_comes_out_empty_says_what_to_change(tmp_path, c
         Image.new("RGB", (8, 8)).save(tmp_path / "ds" / name / "only.png")
     message = cli_error(folder_fit(tmp_path / "ds", tmp_path, "--data.val_fraction", "0.5"), capsys)
     assert "data.val_fraction=0.5 leaves no image to validate on" in message
-    assert "Add images" in message and "validation split of its own" in message
+    assert "give every class two images or more" in message and "validation split of its own" in message
 
 
 @pytest.mark.parametrize("link", ["loop", "self.jpg"])

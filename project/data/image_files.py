@@ -40,9 +40,9 @@ class ImageFilesDataModule(KFoldMixin, ImageDataModule):
     Subclasses implement `scan(split)`: the files of `train` (required), `val` and `test` (None when the source
     has no such split: validation is then split off the training files by `val_fraction`, stratified and seeded,
     and testing falls back to validation). A multi-label source also says `multilabel` (its labels are then
-    each image's tags), and its validation splits and folds keep every tag's share. A subclass sets what `scan` needs before calling `__init__`, which
-    scans the training split at once: its class names are linked into the model, and its checks run before
-    anything trains.
+    each image's tags), and its validation splits and folds keep every tag's share. A subclass sets what `scan`
+    needs before calling `__init__`, which scans the training split at once: its class names are linked into
+    the model, and its checks run before anything trains.
 
     Every image is converted to RGB (grayscale, RGBA and palette images too), its shorter side resized to
     `image_size` and centre-cropped. With `cache: true` (default) this happens once: the images land in a
@@ -193,11 +193,18 @@ class ImageFilesDataModule(KFoldMixin, ImageDataModule):
         else:
             train_idx, val_idx = self._class_split(labels)
         if not val_idx:
+            why, change = (
+                ("", "raise data.val_fraction")
+                if self.multilabel
+                else (
+                    " and a class with one image keeps it for training",
+                    "give every class two images or more",
+                )
+            )
             raise UserError(
                 f"data.val_fraction={self.val_fraction} leaves no image to validate on: the training split has "
-                f"{len(labels)} image(s)"
-                + ("" if self.multilabel else ", and a class with a single image keeps it for training")
-                + ". Add images, raise data.val_fraction, or give the data a validation split of its own"
+                f"{len(labels)} image(s){why}. Add images ({change}), or give the data a validation split of its "
+                "own (a val folder, or data.val_csv)"
             )
         return train_idx, val_idx
 
