@@ -60,8 +60,24 @@ def fails(args: list, capsys) -> str:
         ),
         (["--data.batch_size", "0"], "data.batch_size must be at least 1, got 0"),
         (["--data.val_size", "600"], "data.val_size=600 is not smaller than the 500 training images"),
+        (
+            ["--trainer.accumulate_grad_batches", "0"],
+            "trainer.accumulate_grad_batches must be at least 1, got 0",
+        ),
+        (["--model.label_smoothing", "1.5"], "ImageClassifier: label_smoothing must be in [0, 1), got 1.5"),
+        (["--model.net", "NoSuchNet"], "NoSuchNet is not a network: one of AirbenchNet, CIFARResNet, MLP"),
     ],
-    ids=["unknown-key", "wrong-type", "negative-lr", "bad-betas", "batch-size-0", "val-size-too-large"],
+    ids=[
+        "unknown-key",
+        "wrong-type",
+        "negative-lr",
+        "bad-betas",
+        "batch-size-0",
+        "val-size-too-large",
+        "accumulate-0",
+        "label-smoothing",
+        "unknown-net",
+    ],  # fmt: skip
 )
 def test_bad_values_name_the_key(fake_cifar, tmp_path, capsys, extra, message):
     assert message in fails(["fit", *cifar_args(fake_cifar, tmp_path / "logs", *extra)], capsys)
@@ -77,6 +93,12 @@ def test_unreadable_and_invalid_config_files_are_named(fake_cifar, tmp_path, cap
     assert "cannot read config file" in message and "folder.yaml" in message
     message = fails(["fit", "--config", tmp_path / "missing.yaml"], capsys)
     assert "missing.yaml" in message
+    (tmp_path / "empty.yaml").write_text("# nothing yet\n")
+    message = fails(["fit", *cifar_args(fake_cifar, tmp_path), "--config", tmp_path / "empty.yaml"], capsys)
+    assert "config file" in message and "empty.yaml is empty" in message
+    (tmp_path / "list.yaml").write_text("- trainer\n- model\n")
+    message = fails(["fit", *cifar_args(fake_cifar, tmp_path), "--config", tmp_path / "list.yaml"], capsys)
+    assert "list.yaml holds a list: a config is a mapping of settings" in message
 
 
 # -- data -----------------------------------------------------------------------------------------------------
@@ -175,6 +197,10 @@ def test_missing_and_foreign_checkpoints_are_named(fake_cifar, tmp_path, capsys)
     args = cifar_args(fake_cifar, tmp_path / "logs")
     message = fails(["validate", *args, "--ckpt_path", tmp_path / "nope.ckpt"], capsys)
     assert "nope.ckpt does not exist" in message
+    (tmp_path / "ckpts").mkdir()
+    (tmp_path / "ckpts" / "last.ckpt").write_bytes(b"")
+    message = fails(["validate", *args, "--ckpt_path", tmp_path / "ckpts"], capsys)
+    assert "ckpts is a folder: give a .ckpt file (in it: last.ckpt), or `last`/`best`" in message
     (tmp_path / "notes.ckpt").write_text("not a checkpoint")
     message = fails(["fit", *args, "--ckpt_path", tmp_path / "notes.ckpt"], capsys)
     assert "notes.ckpt is not a PyTorch checkpoint" in message and "arbitrary code" not in message
@@ -277,3 +303,16 @@ def test_online_wandb_without_network_trains_offline_with_a_warning(fake_cifar, 
     assert "wandb sync" in proc.stderr
     (run_dir,) = (tmp_path / "logs" / "wandb").glob("offline-run-*")
     assert any("val/acc" in row for row in read_run(run_dir)["history"])
+
+
+@pytest.mark.parametrize(
+    ("limit", "named"),
+    [(["--trainer.max_steps", "3"], "--trainer.max_steps (3)"), ([], "--trainer.max_epochs (1)")],
+    ids=["max_steps", "max_epochs"],
+)
+def test_continuing_a_finished_run_names_the_limit_that_ended_it(fake_cifar, tmp_path, capsys, limit, named):
+    args = ["fit", *cifar_args(fake_cifar, tmp_path / "logs", "--trainer.limit_val_batches", "1", *limit)]
+    main(args)
+    main([*args, "--ckpt_path", "last"])
+    err = capsys.readouterr().err
+    assert f"nothing was trained. To train longer, raise {named}" in err, err[-2000:]

@@ -46,7 +46,7 @@ from project.cli.config import (
     task_class,
 )
 from project.data import ImageDataModule
-from project.errors import find_user_error, warn
+from project.errors import UserError, find_user_error, warn
 from project.lit import ImageTask
 from project.run import interrupts
 from project.run.checkpoints import check_fits, with_atomic_checkpoint_io
@@ -135,13 +135,20 @@ class ProjectCLI(LightningCLIWithTrainerHook):
     # -- 3. build ---------------------------------------------------------------------------------------------
     def instantiate_classes(self) -> None:
         # From a copy with the plan applied: self.config stays as given, and is what the run saves.
-        self.config_init = self.parser.instantiate(self.plan.apply(self.config))
+        try:
+            self.config_init = self.parser.instantiate(self.plan.apply(self.config))
+        except ValueError as e:
+            # A class's own check of its settings (`label_smoothing must be in [0, 1)`), which jsonargparse
+            # wraps in its search through the class types a key may take: the innermost message says it.
+            raise find_user_error(e) or UserError(f"{innermost_value_error(e)}") from None
         built = self.config_init[self.subcommand] if self.subcommand else self.config_init
         self.datamodule, self.model = built["data"], built["model"]
         self.trainer = self.instantiate_trainer()
 
     def configure_trainer(self, trainer_config: dict[str, Any], callbacks: list[Any]) -> list[Any]:
         check_accelerator(trainer_config.get("accelerator"))
+        if (accumulate := trainer_config.get("accumulate_grad_batches", 1)) < 1:
+            raise UserError(f"trainer.accumulate_grad_batches must be at least 1, got {accumulate}")
         trainer_config["precision"] = precision_for_this_machine(trainer_config.get("precision"))
         trainer_config["plugins"] = with_atomic_checkpoint_io(trainer_config.get("plugins"))
         # Default callbacks step aside when the trainer flag they depend on is off, instead of raising.
@@ -214,11 +221,29 @@ class ProjectCLI(LightningCLIWithTrainerHook):
         if resume is not None and self.trainer.is_global_zero and self.trainer.global_step == resume.step:
             warn(
                 f"--ckpt_path last: the run in {resume.run_dir} had already reached the end of its training "
-                f"(step {resume.step}); nothing was trained. To train longer, raise --trainer.max_epochs "
-                "(or --trainer.max_steps, whichever ended it)"
+                f"(step {resume.step}); nothing was trained. To train longer, raise {self._limit_reached()}"
             )
 
+    def _limit_reached(self) -> str:
+        """The training length setting that ended the run, as a flag with its value."""
+        trainer = self.trainer
+        if 0 <= trainer.max_steps <= trainer.global_step:
+            return f"--trainer.max_steps ({trainer.max_steps})"
+        if trainer.max_epochs is not None and 0 <= trainer.max_epochs <= trainer.current_epoch:
+            return f"--trainer.max_epochs ({trainer.max_epochs})"
+        return "--trainer.max_time, --trainer.max_steps or --trainer.max_epochs"
+
     before_validate = before_test = before_predict = _check_checkpoint_fits
+
+
+def innermost_value_error(exc: BaseException) -> BaseException:
+    """The ValueError deepest in the chain of `exc` (the one the others were raised from)."""
+    found, seen = exc, set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        found = exc if isinstance(exc, ValueError) else found
+        exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
+    return found
 
 
 def under_slurm(plugins: list[Any]) -> bool:

@@ -19,6 +19,7 @@ from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import LearningRateMonitor, RichModelSummary, RichProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
+from project import models
 from project.callbacks import (
     BestAndLastCheckpoint,
     DataWaitMonitor,
@@ -93,13 +94,18 @@ def check_config_file(path: str) -> str:
     except (OSError, UnicodeDecodeError) as e:
         raise UserError(f"cannot read config file {file}: {getattr(e, 'strerror', None) or e}") from None
     try:
-        yaml.safe_load(text)
+        content = yaml.safe_load(text)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
         raise UserError(
             f"config file {file} is not valid YAML{where}: {getattr(e, 'problem', None) or e}"
         ) from None
+    if not isinstance(content, dict):
+        what = "is empty" if content is None else f"holds a {type(content).__name__}"
+        raise UserError(
+            f"config file {file} {what}: a config is a mapping of settings (`trainer:`, `model:`, `data:`, ...)"
+        )
     return text
 
 
@@ -125,6 +131,9 @@ _NESTED_KEY = re.compile(
 )
 
 
+_UNKNOWN_NET = re.compile(r'Parser key "([\w.]*\bnet)": .*Expected a dot import path string: (\S+)')
+
+
 def parse_error_line(message: str) -> str:
     """jsonargparse's (often many-line) parse error as one line naming the key and what is wrong with it."""
     lines = [line.strip().removeprefix("- ") for line in str(message).strip().splitlines()]
@@ -132,6 +141,12 @@ def parse_error_line(message: str) -> str:
     # `Parser key "model": Problem with given class_path '...': Parser key "net": ...` -> `Parser key "model.net": ...`
     while (joined := _NESTED_KEY.sub(r'Parser key "\1.\2":', text)) != text:
         text = joined
+    if unknown := _UNKNOWN_NET.search(text):
+        nets = [name for name in models.__all__ if isinstance(getattr(models, name), type)]
+        return (
+            f'Parser key "{unknown[1]}": {unknown[2]} is not a network: one of {", ".join(nets)} '
+            "(project.models), or the import path of any nn.Module (e.g. torchvision.models.resnet18)"
+        )
     return text or str(message).strip()
 
 

@@ -86,6 +86,12 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
     than tensors and plain values (refused: loading them could execute code).
     """
     path = Path(path)
+    if path.is_dir():
+        found = sorted(f.name for f in path.glob("*.ckpt"))
+        inside = f" (in it: {', '.join(found[:5])}{', ...' if len(found) > 5 else ''})" if found else ""
+        raise UserError(
+            f"checkpoint {path} is a folder: give a .ckpt file{inside}, or `last`/`best` for the run's own"
+        )
     if not path.is_file():
         raise UserError(f"checkpoint {path} does not exist")
     # torch.save writes a zip archive (the legacy format starts with a pickle protocol byte). Anything else
