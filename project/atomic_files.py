@@ -99,9 +99,10 @@ class Terminated(SystemExit):
 
 
 @contextmanager
-def _sigterm_raises(what: str) -> Iterator[None]:
-    """Within the block, SIGTERM (whose default action ends the process at once, skipping every `finally`)
-    prints one line and raises `Terminated`, where no other handler is installed."""
+def stop_on_sigterm(message: str) -> Iterator[None]:
+    """Within the block, SIGTERM (whose default action ends the process at once, skipping every `finally`, so
+    temporary files stay) prints `message` as one line and raises `Terminated` (exit status 143), so every
+    `finally` runs; only in the main thread and where no other handler is installed."""
     if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) not in (
         signal.SIG_DFL,
         None,
@@ -110,7 +111,7 @@ def _sigterm_raises(what: str) -> Iterator[None]:
         return
 
     def stop(signum: int, frame: object) -> None:
-        print(f"error: stopped by SIGTERM while writing {what}; nothing was written there", file=sys.stderr)
+        print(message, file=sys.stderr, flush=True)
         raise Terminated(128 + signal.SIGTERM)
 
     previous = signal.signal(signal.SIGTERM, stop)
@@ -139,7 +140,9 @@ def staged_outputs(
     remove_stale_staging(output_dir)
     staging = Path(tempfile.mkdtemp(prefix=f".staging-{os.getpid()}-", dir=output_dir))
     try:
-        with _sigterm_raises(str(output_dir)):
+        with stop_on_sigterm(
+            f"error: stopped by SIGTERM while writing {output_dir}; nothing was written there"
+        ):
             yield staging
             files = sorted(staging.iterdir(), key=lambda p: (p.name.endswith(last), p.name))
             for file in files:
