@@ -2,7 +2,7 @@ import pytest
 import torch
 from torch import nn
 
-from project.models import MLP, CIFARResNet, SimpleCNN, TorchvisionNet, init_weights
+from project.models import MLP, CIFARResNet, SimpleCNN, TimmNet, TorchvisionNet, init_weights
 from project.models.torchvision_net import _replace_head
 
 
@@ -15,8 +15,19 @@ from project.models.torchvision_net import _replace_head
         (CIFARResNet(num_classes=7, depth=18), (3, 32, 32)),
         (TorchvisionNet("resnet18", num_classes=7), (3, 64, 64)),
         (TorchvisionNet("mobilenet_v3_small", num_classes=7), (3, 64, 64)),
+        (TimmNet("resnet18", num_classes=7), (3, 64, 64)),
+        (TimmNet("vit_tiny_patch16_224", num_classes=7, model_kwargs={"img_size": 32}), (3, 32, 32)),
     ],
-    ids=["simplecnn", "simplecnn-any-size", "mlp", "cifar-resnet18", "tv-resnet18", "tv-mobilenet"],
+    ids=[
+        "simplecnn",
+        "simplecnn-any-size",
+        "mlp",
+        "cifar-resnet18",
+        "tv-resnet18",
+        "tv-mobilenet",
+        "timm-resnet18",
+        "timm-vit-32px",
+    ],  # fmt: skip
 )
 def test_forward_backward(net: nn.Module, shape):
     x = torch.randn(4, *shape)

@@ -8,6 +8,10 @@ from torch import Tensor, nn
 class TorchvisionNet(nn.Module):
     """Wraps `torchvision.models.get_model(name)` and fits its head to `num_classes`.
 
+    With `weights`, torchvision downloads them once into `$TORCH_HOME/hub/checkpoints` (default
+    `~/.cache/torch/hub/checkpoints`) and the data is normalised the way they were trained (`input_stats`)
+    unless the config sets `data.mean`/`data.std`.
+
     Args:
         name: A classification model name, e.g. `resnet18`, `resnet50`, `mobilenet_v3_small`,
             `efficientnet_b0`, `convnext_tiny` (see `torchvision.models.list_models(torchvision.models)`).
@@ -23,19 +27,45 @@ class TorchvisionNet(nn.Module):
             raise ValueError(
                 f"TorchvisionNet: unknown model name {name!r}; choose one of: {', '.join(available)}"
             )
+        self.weights = None
         if weights is None:
             self.net = torchvision.models.get_model(name, num_classes=num_classes)
         else:
-            self.net = torchvision.models.get_model(name, weights=weights)
+            enum = torchvision.models.get_model_weights(name)
+            if weights not in enum.__members__:
+                raise ValueError(
+                    f"TorchvisionNet: {name} has no weights {weights!r}; choose one of: "
+                    f"{', '.join(enum.__members__)}"
+                )
+            self.weights = enum[weights]
+            self.net = torchvision.models.get_model(name, weights=self.weights)
             _replace_head(self.net, num_classes)
+        self._head = _last_linear(self.net)[0]
 
     def forward(self, x: Tensor) -> Tensor:
         return self.net(x)
 
+    def input_stats(self) -> tuple[tuple[float, ...], tuple[float, ...]] | None:
+        """The per-channel mean and std the weights were trained with, or None when training from scratch."""
+        if self.weights is None:
+            return None
+        preset = self.weights.transforms()
+        return tuple(preset.mean), tuple(preset.std)
+
+    def head_parameter_names(self) -> list[str]:
+        """The names (in `named_parameters()`) of the head's parameters: the last linear layer (`fc`,
+        `classifier.1`, `heads.head`, ...), the one replaced for `num_classes`."""
+        head = self.net.get_submodule(self._head)
+        return [f"net.{self._head}.{n}" for n, _ in head.named_parameters()]
+
+
+def _last_linear(net: nn.Module) -> tuple[str, nn.Linear]:
+    return next((n, m) for n, m in reversed(list(net.named_modules())) if isinstance(m, nn.Linear))
+
 
 def _replace_head(net: nn.Module, num_classes: int) -> None:
     """Swap the last `nn.Linear` of a pretrained model for one with `num_classes` outputs."""
-    name, last = next((n, m) for n, m in reversed(list(net.named_modules())) if isinstance(m, nn.Linear))
+    name, last = _last_linear(net)
     parent = net.get_submodule(name.rpartition(".")[0]) if "." in name else net
     with torch.no_grad():
         setattr(parent, name.rpartition(".")[2], nn.Linear(last.in_features, num_classes))

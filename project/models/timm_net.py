@@ -1,0 +1,107 @@
+"""Any timm model by name (700+ architectures, most with pretrained weights), its head fitted to the data.
+
+timm is imported when a `TimmNet` is built, not when this module is: a run with another network never loads it.
+"""
+
+from pathlib import Path
+from typing import Any
+
+from torch import Tensor, nn
+
+from project.errors import UserError
+
+
+class TimmNet(nn.Module):
+    """Wraps `timm.create_model(name)` with a fresh head of `num_classes` outputs.
+
+    With `pretrained`, timm downloads the weights once from the Hugging Face hub into its cache
+    (`~/.cache/huggingface/hub`, or `$HF_HOME/hub`), then loads every layer but the head. The data is then
+    normalised the way the weights were trained (`input_stats`) unless the config sets `data.mean`/`data.std`.
+
+    Args:
+        name: A timm model name, with or without a weight tag, e.g. `resnet18.a1_in1k`, `resnet50`,
+            `efficientnet_b0.ra_in1k`, `convnext_tiny.fb_in22k`, `vit_small_patch16_224.augreg_in21k`
+            (`timm.list_models(pretrained=True)`).
+        num_classes: Number of output logits (linked from the DataModule).
+        input_shape: (channels, height, width) of one input (linked from the DataModule); the channels set the
+            first convolution's input channels (timm adapts pretrained weights to 1 or 4 channels).
+        pretrained: Start from the pretrained weights of `name` (downloaded once; see above).
+        weights_file: Load the pretrained weights from this local file instead of downloading them (a
+            `.safetensors` or `.pth` state dict of the same architecture, e.g. a copy of the hub's file on a
+            machine without a network). Implies `pretrained`.
+        drop_rate: Dropout before the classifier.
+        drop_path_rate: Stochastic depth: the rate at which residual blocks are skipped in training, rising with
+            depth (0.05-0.2 is usual when fine-tuning; 0: off).
+        grad_checkpointing: Recompute activations in the backward pass instead of keeping them: less memory
+            for larger batches or images, about a third more compute. Only for models that support it.
+        model_kwargs: Further arguments of the model's constructor, e.g. `{img_size: 96}` for a ViT trained at
+            another resolution.
+    """
+
+    def __init__(
+        self,
+        name: str = "resnet18.a1_in1k",
+        num_classes: int = 10,
+        input_shape: tuple[int, int, int] | None = None,
+        pretrained: bool = False,
+        weights_file: str | None = None,
+        drop_rate: float = 0.0,
+        drop_path_rate: float = 0.0,
+        grad_checkpointing: bool = False,
+        model_kwargs: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__()
+        import timm  # here: only runs that use a timm model pay for importing it
+
+        if not timm.is_model(name):
+            close = timm.list_models(f"*{name.split('.')[0]}*")[:10]
+            hint = f"; similar names: {', '.join(close)}" if close else ""
+            raise UserError(f"model.net TimmNet: unknown timm model name {name!r}{hint}")
+        kwargs: dict[str, Any] = dict(model_kwargs or {})
+        if input_shape is not None:
+            kwargs["in_chans"] = input_shape[0]
+        if weights_file is not None:
+            path = Path(weights_file).expanduser()
+            if not path.is_file():
+                raise UserError(f"model.net TimmNet: weights_file {path} does not exist")
+            # The same loader a download goes through (head dropped, channels adapted), fed from a local file.
+            kwargs["pretrained_cfg_overlay"] = {"file": str(path)}
+        self.pretrained = pretrained or weights_file is not None
+        # Typed loosely: timm's models carry methods (get_classifier, group_matcher) nn.Module does not declare.
+        self.net: Any = timm.create_model(
+            name,
+            pretrained=self.pretrained,
+            num_classes=num_classes,
+            drop_rate=drop_rate,
+            drop_path_rate=drop_path_rate,
+            **kwargs,
+        )
+        if grad_checkpointing:
+            self.net.set_grad_checkpointing(True)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.net(x)
+
+    def input_stats(self) -> tuple[tuple[float, ...], tuple[float, ...]] | None:
+        """The per-channel mean and std the pretrained weights expect, or None when training from scratch."""
+        if not self.pretrained:
+            return None
+        from timm.data.config import resolve_data_config
+
+        config = resolve_data_config({}, model=self.net)
+        return tuple(config["mean"]), tuple(config["std"])
+
+    def head_parameter_names(self) -> list[str]:
+        """The names (in `named_parameters()`) of the new head's parameters: the classifier timm replaced."""
+        head = {id(p) for p in self.net.get_classifier().parameters()}
+        return [n for n, p in self.named_parameters() if id(p) in head]
+
+    def layer_ids(self) -> dict[str, int]:
+        """Each parameter's depth, 0 (the stem) to the head's, for layer-wise learning-rate decay: timm's own
+        grouping of the model's blocks (`group_matcher`, as `timm.optim.param_groups_layer_decay` uses)."""
+        from timm.models import group_parameters
+
+        if not hasattr(self.net, "group_matcher"):
+            return {}
+        ids: Any = group_parameters(self.net, self.net.group_matcher(coarse=False), reverse=True)
+        return {f"net.{n}": int(i) for n, i in ids.items()}

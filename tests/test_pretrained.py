@@ -1,0 +1,147 @@
+"""Pretrained backbones: timm and torchvision weights loaded through the path a download takes (from a local
+file: this machine cannot reach the hub), the mean/std they expect, and the optimizer's smaller learning rate
+for the backbone than for the new head."""
+
+import subprocess
+import sys
+from functools import partial
+from pathlib import Path
+
+import pytest
+import torch
+import torchvision
+
+from project.errors import UserError
+from project.lit import ImageClassifier
+from project.lit.factories import build_optimizer, scaled_max_lr
+from project.models import SimpleCNN, TimmNet, TorchvisionNet
+from tests.conftest import ROOT
+
+IMAGENET = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
+TINY_TIMM = "test_resnet.r160_in1k"  # timm's own test model: a small ResNet, its weights' mean/std 0.5
+TINY_TIMM_STATS = ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5))
+
+
+def saved_timm_weights(path: Path, name: str = TINY_TIMM) -> dict[str, torch.Tensor]:
+    """A randomly initialised ImageNet model's state dict, saved where a download would have put its file."""
+    import timm
+
+    torch.manual_seed(1)
+    state = timm.create_model(name, pretrained=False).state_dict()
+    torch.save(state, path)
+    return state
+
+
+def test_timm_loads_a_local_weights_file_through_the_pretrained_path(tmp_path):
+    saved = saved_timm_weights(tmp_path / "weights.pth")
+    torch.manual_seed(2)  # a different random init: only loading can make the weights equal
+    net = TimmNet(TINY_TIMM, num_classes=5, weights_file=str(tmp_path / "weights.pth"))
+    loaded = net.net.state_dict()
+    backbone = [k for k in saved if not k.startswith("fc.")]
+    assert all(torch.equal(loaded[k], saved[k]) for k in backbone)
+    assert loaded["fc.weight"].shape == (5, saved["fc.weight"].shape[1])  # a fresh head for 5 classes
+    assert net.input_stats() == TINY_TIMM_STATS  # timm's data config for these weights
+    assert TimmNet("resnet18.a1_in1k", pretrained=False).input_stats() is None
+    assert net(torch.randn(2, 3, 32, 32)).shape == (2, 5)
+    assert set(net.head_parameter_names()) == {"net.fc.weight", "net.fc.bias"}
+
+
+def test_timm_adapts_the_pretrained_first_conv_to_the_linked_channels(tmp_path):
+    saved = saved_timm_weights(tmp_path / "weights.pth")
+    net = TimmNet(
+        TINY_TIMM, num_classes=3, input_shape=(1, 16, 16), weights_file=str(tmp_path / "weights.pth")
+    )
+    first = next(k for k in saved if saved[k].ndim == 4)  # the stem's conv: RGB summed into one channel
+    assert torch.allclose(net.net.state_dict()[first], saved[first].sum(1, keepdim=True))
+    assert net(torch.randn(2, 1, 16, 16)).shape == (2, 3)
+
+
+def test_timm_from_scratch_has_no_stats_and_its_options_reach_the_model():
+    net = TimmNet(TINY_TIMM, num_classes=4, drop_path_rate=0.1, drop_rate=0.2, grad_checkpointing=True)
+    assert net.input_stats() is None  # the data's own statistics apply
+    assert net.net.drop_rate == 0.2 and net.net.grad_checkpointing
+    assert any(getattr(m, "drop_prob", 0) > 0 for m in net.modules())  # stochastic depth
+    out = net.train()(torch.randn(2, 3, 32, 32))
+    out.sum().backward()  # through the checkpointed blocks
+    assert all(p.grad is not None for p in net.parameters())
+
+
+def test_timm_bad_name_or_missing_file_is_one_line(tmp_path):
+    with pytest.raises(UserError, match=r"unknown timm model name 'resnet_18'"):
+        TimmNet("resnet_18")
+    with pytest.raises(UserError, match=r"weights_file .*nothere.pth does not exist"):
+        TimmNet(TINY_TIMM, weights_file=str(tmp_path / "nothere.pth"))
+
+
+def test_torchvision_weights_come_from_the_hub_cache(tmp_path, monkeypatch):
+    # torchvision reads $TORCH_HOME/hub/checkpoints/<the URL's file name> when it is there (the hash in the
+    # name is checked only on download): the file a user with a network would have after the first run.
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path))
+    weights = torchvision.models.ResNet18_Weights.IMAGENET1K_V1
+    cached = tmp_path / "hub" / "checkpoints" / Path(weights.url).name
+    cached.parent.mkdir(parents=True)
+    torch.manual_seed(1)
+    saved = torchvision.models.resnet18().state_dict()
+    torch.save(saved, cached)
+    torch.manual_seed(2)
+    net = TorchvisionNet("resnet18", num_classes=3, weights="IMAGENET1K_V1")
+    loaded = net.net.state_dict()
+    assert all(torch.equal(loaded[k], saved[k]) for k in saved if not k.startswith("fc."))
+    assert loaded["fc.weight"].shape == (3, 512)
+    assert net.input_stats() == IMAGENET
+    assert TorchvisionNet("resnet18", num_classes=3).input_stats() is None
+    with pytest.raises(ValueError, match="resnet18 has no weights 'IMAGENET1K_V9'.*IMAGENET1K_V1"):
+        TorchvisionNet("resnet18", weights="IMAGENET1K_V9")
+
+
+def lrs_by_param(optimizer: torch.optim.Optimizer) -> dict[int, tuple[float, float]]:
+    return {id(p): (g["lr"], g["weight_decay"]) for g in optimizer.param_groups for p in g["params"]}
+
+
+@pytest.mark.parametrize("net", ["timm", "torchvision"])
+def test_backbone_learns_slower_than_the_new_head(net):
+    model = TimmNet(TINY_TIMM, num_classes=3) if net == "timm" else TorchvisionNet("resnet18", num_classes=3)
+    task = ImageClassifier(model, num_classes=3)
+    adamw = partial(torch.optim.AdamW, lr=1e-3, weight_decay=0.05)
+    lrs = lrs_by_param(build_optimizer(adamw, task, backbone_lr_scale=0.1))
+    head = set(model.head_parameter_names())
+    for name, p in model.named_parameters():
+        lr, wd = lrs[id(p)]
+        assert lr == pytest.approx(1e-3 if name in head else 1e-4), name
+        # Weight decay itself unchanged (decoupled: it shrinks with the rate); biases and norms still exempt.
+        assert wd == (0.0 if p.ndim == 1 else 0.05), name
+    # Without the setting: the groups the template always made.
+    assert len(build_optimizer(adamw, task).param_groups) == 2
+
+
+def test_layer_decay_scales_each_timm_stage_below_the_next():
+    model = TimmNet(TINY_TIMM, num_classes=3)
+    sgd = partial(torch.optim.SGD, lr=1.0)
+    optimizer = build_optimizer(sgd, ImageClassifier(model, num_classes=3), layer_decay=0.5)
+    lrs = lrs_by_param(optimizer)
+    depth = model.layer_ids()
+    top = max(depth.values())
+    for name, p in model.named_parameters():
+        assert lrs[id(p)][0] == pytest.approx(0.5 ** (top - depth[name])), name
+    assert lrs[id(model.net.fc.weight)][0] == 1.0 and top >= 3
+    # A OneCycle schedule gets one max_lr per group, scaled alike (it would otherwise reset every group).
+    schedule = partial(torch.optim.lr_scheduler.OneCycleLR, max_lr=1.0, total_steps=10)
+    max_lrs = scaled_max_lr(schedule, optimizer)
+    assert max_lrs == [g.get("lr_scale", 1.0) for g in optimizer.param_groups]
+    assert min(max_lrs) == pytest.approx(0.5**top)
+
+
+def test_backbone_lr_scale_needs_a_network_that_names_its_head():
+    task = ImageClassifier(SimpleCNN(num_classes=3, width=4, hidden=8), num_classes=3)
+    with pytest.raises(
+        UserError, match=r"model.backbone_lr_scale needs a network that says which parameters"
+    ):
+        build_optimizer(torch.optim.AdamW, task, backbone_lr_scale=0.1)
+    tv = ImageClassifier(TorchvisionNet("resnet18", num_classes=3), num_classes=3)
+    with pytest.raises(UserError, match=r"model.layer_decay needs a network that gives its layers' depths"):
+        build_optimizer(torch.optim.AdamW, tv, layer_decay=0.7)
+
+
+def test_timm_is_imported_only_by_a_run_that_uses_it():
+    code = "import sys, project.cli, project.models; assert 'timm' not in sys.modules, 'timm imported'"
+    subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, capture_output=True)
