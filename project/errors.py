@@ -36,6 +36,17 @@ def find_user_error(exc: BaseException | None) -> UserError | None:
     return None
 
 
+def innermost_value_error(exc: BaseException) -> BaseException:
+    """The ValueError deepest in the chain of `exc` (the one the others were raised from): a class's own check
+    of its settings, which jsonargparse wraps in its search through the types a key may take."""
+    found, seen, link = exc, set[int](), exc.__cause__ or exc.__context__
+    while link is not None and id(link) not in seen:
+        seen.add(id(link))
+        found = link if isinstance(link, ValueError) else found
+        link = link.__cause__ or link.__context__
+    return found
+
+
 class _StderrHandler(logging.StreamHandler):
     """Writes to the current sys.stderr (looked up at each message, so redirections and test captures see it)."""
 

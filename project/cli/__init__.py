@@ -46,7 +46,7 @@ from project.cli.config import (
     task_class,
 )
 from project.data import ImageDataModule
-from project.errors import UserError, find_user_error, warn
+from project.errors import UserError, find_user_error, innermost_value_error, warn
 from project.lit import ImageTask
 from project.run import interrupts
 from project.run.checkpoints import check_fits, with_atomic_checkpoint_io
@@ -234,16 +234,6 @@ class ProjectCLI(LightningCLIWithTrainerHook):
         return "--trainer.max_time, --trainer.max_steps or --trainer.max_epochs"
 
     before_validate = before_test = before_predict = _check_checkpoint_fits
-
-
-def innermost_value_error(exc: BaseException) -> BaseException:
-    """The ValueError deepest in the chain of `exc` (the one the others were raised from)."""
-    found, seen = exc, set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        found = exc if isinstance(exc, ValueError) else found
-        exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
-    return found
 
 
 def under_slurm(plugins: list[Any]) -> bool:
