@@ -118,7 +118,7 @@ def test_two_workers_share_a_study_and_a_killed_workers_trial_is_continued(postg
     assert "Traceback" not in err
 
     study = optuna.load_study(study_name=study_name, storage=URL)
-    trials = study.get_trials()
+    trials = [t for t in study.get_trials() if t.state != TrialState.WAITING or t.params]  # none given back
     killed = next(
         t for t in trials if t.user_attrs.get("folder") == killed_folder and t.state == TrialState.FAIL
     )
@@ -126,7 +126,7 @@ def test_two_workers_share_a_study_and_a_killed_workers_trial_is_continued(postg
     assert continued.state == TrialState.COMPLETE and continued.user_attrs["folder"] == killed_folder
     assert continued.params == killed.params
     complete = [t for t in trials if t.state == TrialState.COMPLETE]
-    assert 3 <= len(complete) <= 4  # n_trials over both workers (one more where both asked at the same time)
+    assert len(complete) == 3  # n_trials over both workers
 
     study_dir = tmp_path / "logs" / "tune" / study_name
     table = json.loads((study_dir / "trials.json").read_text())

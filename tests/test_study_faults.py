@@ -172,6 +172,24 @@ def test_optunas_report_of_a_failed_trial_is_one_line():
     assert not _optuna_says_one_line(record(UserError("the study stops: printed once, as its error line")))
 
 
+def test_a_trial_two_workers_asked_for_at_once_is_given_back_unrun(tmp_path):
+    import optuna
+    from optuna.trial import TrialState
+
+    from project.studies.tune import Surplus, give_back_if_surplus
+
+    study = optuna.create_study(storage=f"sqlite:///{tmp_path / 'study.db'}")
+    first, second = study.ask(), study.ask()  # two workers, each with a trial of its own
+    for _ in range(2):
+        study.add_trial(optuna.create_trial(value=0.5))
+    give_back_if_surplus(study, first, n_trials=3)  # two lower-numbered trials taken: it is needed
+    third = study.ask()  # the other workers' view: trials 0-3 taken, so trial 4 is a fourth
+    with pytest.raises(Surplus):
+        give_back_if_surplus(study, third, n_trials=4)
+    assert study.get_trials()[third.number].state == TrialState.WAITING
+    assert {t.number for t in study.get_trials(states=(TrialState.RUNNING,))} == {first.number, second.number}
+
+
 def test_no_received_sigterm_line_for_a_ctrl_c(monkeypatch):
     logger = logging.getLogger(interrupts._SIGNAL_LOGGER)
     monkeypatch.setattr(logger, "filters", [interrupts._not_the_ctrl_c_sigterm])

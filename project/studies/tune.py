@@ -192,6 +192,9 @@ def state_label(
         return f"FAIL (its worker stopped){continued}"
     if trial.state == TrialState.RUNNING and trial.number in ages:
         return f"RUNNING (last heartbeat {ages[trial.number]:.0f} s ago)"
+    history = trial.system_attrs.get("retry_history", [])
+    if trial.state == TrialState.WAITING and history:
+        return f"WAITING (continues trial {history[-1]} when tune runs again)"
     return trial.state.name
 
 
@@ -201,7 +204,9 @@ def results(
     """(columns, Markdown rows, JSON records) of every trial, the finished ones best first."""
     sign = -1 if space.direction == "maximize" else 1
     order = {TrialState.COMPLETE: 0, TrialState.PRUNED: 1}
-    every, ages = study.get_trials(deepcopy=False), heartbeat_ages(study)
+    # (A trial given back unrun, with nothing of its own yet, is not one of the study's trials.)
+    every = [t for t in study.get_trials(deepcopy=False) if t.state != TrialState.WAITING or t.params]
+    ages = heartbeat_ages(study)
     trials = sorted(
         every,
         key=lambda t: (order.get(t.state, 2), sign * t.value if t.value is not None else 0, t.number),
@@ -262,6 +267,21 @@ def trials_taken(study: optuna.Study) -> int:
     return len(study.get_trials(deepcopy=False, states=(*FINISHED, TrialState.RUNNING)))
 
 
+class Surplus(SystemExit):
+    """The trial just asked for is one more than `n_trials`: another worker asked at the same moment. Given
+    back to the study as WAITING, unrun (not an `Exception`: Optuna records nothing for it)."""
+
+
+def give_back_if_surplus(study: optuna.Study, trial: optuna.Trial, n_trials: int) -> None:
+    """Trials are numbered in the order the database hands them out: if `n_trials` lower-numbered ones are
+    finished or running, this one is not needed, goes back to the queue (a later, larger study may run it),
+    and `Surplus` ends this worker's loop."""
+    taken = study.get_trials(deepcopy=False, states=(*FINISHED, TrialState.RUNNING))
+    if sum(t.number < trial.number for t in taken) >= n_trials:
+        study._storage.set_trial_state_values(trial._trial_id, TrialState.WAITING)
+        raise Surplus(0)
+
+
 def interrupted(study: optuna.Study, trial: optuna.Trial) -> None:
     """Record a trial stopped by Ctrl-C or SIGTERM (its fit saved last.ckpt) as such, and queue a trial with
     its parameters, folder and reports, which continues it from that checkpoint on the next run."""
@@ -299,7 +319,8 @@ def tune(
         fit_args: The arguments every trial's `fit` gets (all flags that are not tune's own).
         search: The search file (configs/search/*.yaml): dotted config keys with distributions, metric, direction.
         n_trials: Finished (complete or pruned) trials the study should have, over all its workers: a worker
-            starts a trial only while fewer than this are finished or running; a rerun continues up to it.
+            starts a trial only while fewer than this are finished or running (one asked for by two workers
+            at the same moment is given back unrun); a rerun continues up to it.
         study_name: The study, and its folder `<trainer.default_root_dir>/tune/<study_name>/`. Default: the
             search file's name.
         storage: SQLAlchemy URL of the study's database (e.g. postgresql://user@host/db, shared by workers on
@@ -355,6 +376,7 @@ def tune(
         raise
 
     def objective(trial: optuna.Trial) -> float:
+        give_back_if_surplus(study, trial, n_trials)
         params = suggest(trial, space)
         # A trial that continues one stopped early (Ctrl-C, or its worker died) has its folder and last.ckpt.
         earlier = trial.user_attrs.get("folder")
@@ -403,9 +425,13 @@ def tune(
     threading.excepthook = _database_errors_said_once(thread_hook)
     try:
         with lost(url, f"the study {study_name}"):
-            # n_trials counts over every worker of the study: one starts a trial only while fewer are taken.
+            # n_trials counts over every worker of the study: one starts a trial only while fewer are taken,
+            # and gives back one that two workers asked for at the same moment.
             while not stop.stopped and trials_taken(study) < n_trials:
-                study.optimize(objective, n_trials=1, catch=(FitFailed,), callbacks=[stop])
+                try:
+                    study.optimize(objective, n_trials=1, catch=(FitFailed,), callbacks=[stop])
+                except Surplus:
+                    break
             return write_study(study, space, parser, fit_args, study_dir, wandb, wandb_project)
     finally:
         optuna_log.removeFilter(_optuna_says_one_line)
