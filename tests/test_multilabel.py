@@ -172,6 +172,8 @@ def test_export_writes_tags_thresholds_and_sigmoid_probabilities(exported_tags):
     assert meta["task"]["outputs"] == "probabilities" and meta["task"]["kind"] == "tags"
     assert meta["output"]["meaning"].startswith("probabilities; every tag")
     assert meta["source"]["network"] == "MLP"
+    assert meta["output"]["name"] == "probabilities"
+    assert [o.name for o in OnnxRuntime(out / "model.onnx").session.get_outputs()] == ["probabilities"]
     x = torch.randn(5, 3, 8, 8)
     eager = torch.sigmoid(net(x))
     assert np.allclose(OnnxRuntime(out / "model.onnx")(x.numpy()), eager.detach().numpy(), atol=1e-5)

@@ -31,6 +31,8 @@ class Decoder(Protocol):
     quality: ClassVar[str]
     agrees: ClassVar[str]
     quality_note: ClassVar[str]
+    #: The name of an exported model's output (ONNX).
+    output_name: ClassVar[str]
 
     def deployable(self, net: nn.Module) -> nn.Module:
         """What `export` writes: the network, or the network with its outputs made probabilities."""
@@ -85,6 +87,7 @@ class OneClass:
     quality: ClassVar[str] = "accuracy"
     agrees: ClassVar[str] = "top-1 agrees with FP32"
     quality_note: ClassVar[str] = "Accuracy: top-1"
+    output_name: ClassVar[str] = "logits"
 
     @classmethod
     def from_spec(cls, spec: Mapping[str, Any], names: Sequence[str]) -> "OneClass":
@@ -152,6 +155,7 @@ class Tags:
     quality_note: ClassVar[str] = (
         "mAP: macro mean average precision over the tags, and tag sets at the thresholds,"
     )
+    output_name: ClassVar[str] = "probabilities"
 
     @classmethod
     def from_spec(cls, spec: Mapping[str, Any], names: Sequence[str]) -> "Tags":

@@ -30,15 +30,20 @@ VERIFY_BATCH_SIZES = (1, 5)
 
 
 def export_onnx(
-    net: nn.Module, input_shape: tuple[int, int, int], path: str | Path, opset: int = DEFAULT_OPSET
+    net: nn.Module,
+    input_shape: tuple[int, int, int],
+    path: str | Path,
+    opset: int = DEFAULT_OPSET,
+    output_name: str = OUTPUT_NAME,
 ) -> None:
-    """Write `net` (eval mode) to `path` as one self-contained ONNX file with a dynamic batch axis.
+    """Write `net` (eval mode) to `path` as one self-contained ONNX file with a dynamic batch axis, its input
+    named `input` and its output `output_name`.
 
     Uses the dynamo exporter (`torch.export` based); if the network cannot be captured by it, falls
     back to the TorchScript-based exporter with a warning that says why.
     """
     example = torch.randn(2, *input_shape)
-    common = {"input_names": [INPUT_NAME], "output_names": [OUTPUT_NAME], "opset_version": opset}
+    common = {"input_names": [INPUT_NAME], "output_names": [output_name], "opset_version": opset}
     try:
         torch.onnx.export(
             net,
@@ -61,7 +66,7 @@ def export_onnx(
             (example,),
             str(path),
             dynamo=False,
-            dynamic_axes={INPUT_NAME: {0: "batch"}, OUTPUT_NAME: {0: "batch"}},
+            dynamic_axes={INPUT_NAME: {0: "batch"}, output_name: {0: "batch"}},
             **common,
         )
 
@@ -79,7 +84,7 @@ def verify_onnx(
     session = ort_session(path)
 
     def run(x: torch.Tensor) -> torch.Tensor:
-        return torch.from_numpy(session.run([OUTPUT_NAME], {INPUT_NAME: x.numpy()})[0])
+        return torch.from_numpy(session.run(None, {INPUT_NAME: x.numpy()})[0])
 
     return compare_with_eager(net, run, input_shape, "ONNX Runtime", atol, label="onnxruntime")
 
@@ -185,7 +190,7 @@ def export_trained(
     pre = trained.preprocessing
     # The task's account of its outputs (checkpoints written before tasks recorded one are single-label); a
     # multi-label network is exported with its sigmoid, its outputs the tags' probabilities.
-    net, task, _ = deployed(trained.net.eval(), trained.outputs, pre.class_names)
+    net, task, decoder = deployed(trained.net.eval(), trained.outputs, pre.class_names)
     net.eval()
     meaning = (
         f"{task['outputs']}; {task['decode']}" if "decode" in task else "logits; softmax gives probabilities"
@@ -203,7 +208,7 @@ def export_trained(
             ),
         },
         "output": {
-            "name": OUTPUT_NAME,
+            "name": decoder.output_name,
             "shape": ["batch", pre.num_classes],
             "meaning": meaning,
         },
@@ -217,7 +222,7 @@ def export_trained(
     }
     with staged_outputs(output_dir, replaces=present) as staging:
         if "onnx" in formats:
-            export_onnx(net, pre.input_shape, staging / FILES["onnx"], opset=opset)
+            export_onnx(net, pre.input_shape, staging / FILES["onnx"], opset, decoder.output_name)
             diff = verify_onnx(net, staging / FILES["onnx"], pre.input_shape, atol=atol)
             meta["files"]["onnx"] = {"path": FILES["onnx"], "opset": opset, "max_abs_diff_vs_eager": diff}
         if "torchscript" in formats:

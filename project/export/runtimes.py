@@ -73,8 +73,9 @@ class OnnxRuntime:
         self.session = ort_session(self.path, threads=self.threads)
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
-        outputs = self.session.run([OUTPUT_NAME], {INPUT_NAME: np.ascontiguousarray(x, dtype=np.float32)})
-        return cast(np.ndarray, outputs[0])  # the logits: a dense tensor, not a sparse one, list or map
+        # The model's one output, by position: `logits`, or `probabilities` for a multi-label export.
+        outputs = self.session.run(None, {INPUT_NAME: np.ascontiguousarray(x, dtype=np.float32)})
+        return cast(np.ndarray, outputs[0])  # a dense tensor, not a sparse one, list or map
 
 
 def find_qat_artifact(ckpt_path: str | Path) -> Path | None:
