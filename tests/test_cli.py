@@ -231,3 +231,29 @@ def test_python_m_project_exits_with_the_commands_code(tmp_path):
         cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert bad.returncode == 2 and 'error: Parser key "trainer.max_epochs"' in bad.stderr, bad.stderr
+
+
+def test_lightning_notices_with_nothing_to_act_on_are_left_out(image_folder, tmp_path):
+    # A machine with SLURM installed but outside a job (a login node), no GPU or TPU, and a --ckpt_path run
+    # without the fit-only callbacks: Lightning says something about each; a template user can act on none.
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "srun").write_text("#!/bin/sh\nexit 0\n")
+    (bin_dir / "srun").chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    env |= {"PATH": f"{bin_dir}:{env['PATH']}", "PYTHONPATH": str(ROOT)}
+    args = ["--config", CONFIGS / "folder.yaml", "--data.root", image_folder, "--data.image_size", "16",
+            "--data.cache_dir", tmp_path / "cache", "--data.skip_corrupt", "true", "--model.net", "SimpleCNN",
+            "--trainer.logger", "false",
+            "--trainer.default_root_dir", tmp_path / "logs", "--trainer.enable_progress_bar", "false"]  # fmt: skip
+    outputs = []
+    for command in (["fit", *args, "--trainer.max_steps", "2"], ["validate", *args, "--ckpt_path", "best"]):
+        proc = subprocess.run(
+            [sys.executable, "-m", "project", *map(str, command)],
+            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        outputs.append(proc.stdout + proc.stderr)
+    for noise in ("srun", "TPU available", "GPU available: False", "callbacks used to create the checkpoint"):
+        assert not [o for o in outputs if noise in o], (noise, outputs)
+    assert "val/acc" in outputs[1]  # the run itself still reports

@@ -11,6 +11,7 @@ Trainer runs, between `before_<command>` and `after_<command>`. The task is chos
 import importlib
 import logging
 import os
+import re
 import signal
 import sys
 import types
@@ -22,7 +23,6 @@ import yaml
 from lightning.fabric.plugins.environments.cluster_environment import ClusterEnvironment
 from lightning.fabric.plugins.environments.slurm import SLURMEnvironment
 from lightning.fabric.utilities.exceptions import MisconfigurationException
-from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint, ModelSummary, ProgressBar
 from lightning.pytorch.cli import LightningArgumentParser
 from lightning.pytorch.loggers import CSVLogger
@@ -69,6 +69,7 @@ warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)")
 warnings.filterwarnings("ignore", message=r"(?s).*was deprecated in v4\.49\.0")  # jsonargparse, by Lightning
 #: Lightning's hint, on every command on a machine with SLURM's tools, that `srun` exists but is not used.
 SRUN_HINT = r"The `srun` command is available on your system but is not used"
+CKPT_CALLBACKS_NOTICE = r"Be aware that when using `ckpt_path`, callbacks used to create the checkpoint"
 
 
 def _short_usage(parser: Any, file: Any = None) -> None:
@@ -190,14 +191,6 @@ class ProjectCLI(LightningCLIWithTrainerHook):
             ]
         return callbacks
 
-    def instantiate_trainer(self, **kwargs: Any) -> Trainer:
-        with warnings.catch_warnings():
-            if not os.environ.get("SLURM_JOB_ID"):
-                # Outside a SLURM job (a cluster's login node, a laptop with SLURM installed) the run is not meant
-                # for SLURM; inside one, a command without srun would hang its other processes: the hint stays.
-                warnings.filterwarnings("ignore", message=SRUN_HINT)
-            return super().instantiate_trainer(**kwargs)
-
     # -- 4. run -------------------------------------------------------------------------------------------------
     def _check_checkpoint_fits(self) -> None:
         """A checkpoint that does not fit the network: one line with the mismatched keys and shapes, before
@@ -241,9 +234,31 @@ def under_slurm(plugins: list[Any]) -> bool:
     return SLURMEnvironment.detect() and not any(isinstance(p, ClusterEnvironment) for p in plugins)
 
 
+def quiet_lightning_notices() -> None:
+    """Leave out Lightning's notices that say nothing to act on in a template run."""
+    if not os.environ.get("SLURM_JOB_ID"):
+        # Outside a SLURM job (a cluster's login node, a laptop with SLURM installed) the run is not meant for
+        # SLURM; inside one, a command without srun would hang its other processes: the hint stays.
+        warnings.filterwarnings("ignore", message=SRUN_HINT)
+    # The template gives every run the callbacks its checkpoints need (fit) or none that keep state (validate,
+    # test, predict), so Lightning's reminder to provide them is noise on every --ckpt_path.
+    warnings.filterwarnings("ignore", message=CKPT_CALLBACKS_NOTICE)
+    notices = logging.getLogger("lightning.pytorch.utilities.rank_zero")
+    if not any(isinstance(f, _NoAbsentDevices) for f in notices.filters):
+        notices.addFilter(_NoAbsentDevices())
+
+
+class _NoAbsentDevices(logging.Filter):
+    """Drops "TPU available: False, using: 0 TPU cores" and the like: a device the machine does not have."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not re.match(r"\w+ available: False", record.getMessage())
+
+
 def main(args: list[str] | None = None) -> None:
     """Entry point of `python -m project`."""
     argv = sys.argv[1:] if args is None else list(args)
+    quiet_lightning_notices()
     try:
         if argv and argv[0] in TOOLS:
             module, function = TOOLS[argv[0]][0].split(":")
