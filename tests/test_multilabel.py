@@ -382,3 +382,41 @@ def test_tagged_csv_fit_predict_export_and_predict_onnx_agree(tmp_path):
     )
     assert " ".join(answer["labels"]) == row["labels"]
     assert answer["probabilities"]["red"] == pytest.approx(float(row["p_red"]), abs=1e-4)
+
+
+@pytest.mark.slow
+def test_per_tag_figures_and_thresholds_on_two_processes_are_the_one_process_ones(tmp_path, monkeypatch):
+    """val/f1 is measured at the thresholds each validation chooses from its precision-recall counts: the
+    same on 2 gloo processes as on 1 only if those counts are summed over the processes."""
+    import socket
+
+    from tests.conftest import CONFIGS, run_cli
+    from tests.tiny_runs import csv_logger_config
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        monkeypatch.setenv("MASTER_PORT", str(s.getsockname()[1]))
+    csv_file = colour_tagged(tmp_path / "data", n=40)
+    common = [
+        "--config", CONFIGS / "csv_multilabel.yaml", "--data.csv", csv_file, "--data.cache_dir", tmp_path / "c",
+        "--data.image_size", "8", "--data.batch_size", "5", "--data.num_workers", "0", "--data.val_fraction", "0.5",
+        "--model.net", "project.models.MLP", "--model.net.init_args.hidden", "8", "--model.scheduler", "null",
+        "--trainer.precision", "32-true", "--trainer.enable_progress_bar", "false",
+        "--trainer.enable_model_summary", "false",
+    ]  # fmt: skip
+    fit = ["--trainer.max_epochs", "1", "--trainer.logger", "false", "--trainer.accelerator", "cpu"]
+    run_cli(*map(str, ["fit", *common, *fit, "--trainer.default_root_dir", tmp_path / "fit"]), cwd=tmp_path)
+    (ckpt,) = (tmp_path / "fit").glob("**/checkpoints/last.ckpt")
+    rows = []
+    for name, extra in (("one", ["--trainer.accelerator", "cpu", "--trainer.devices", "1"]),
+                        ("two", ["--config", CONFIGS / "trainer" / "ddp_cpu.yaml"])):  # fmt: skip
+        logger = csv_logger_config(tmp_path / f"{name}.yaml", tmp_path / name)
+        command = ["validate", *common, *extra, "--config", logger, "--ckpt_path", ckpt]
+        run_cli(*map(str, [*command, "--trainer.default_root_dir", tmp_path / name]), cwd=tmp_path)
+        (metrics,) = (tmp_path / name).glob("runs/version_*/metrics.csv")
+        (row,) = [r for r in csv.DictReader(metrics.open()) if r.get("val/map")]
+        rows.append({k: v for k, v in row.items() if k.startswith("val/") and k != "val/loss"})
+    one, two = rows
+    assert set(one) == {"val/map", "val/map_best", "val/f1", "val/ap/blue", "val/ap/red"} and one == two
+    assert float(one["val/f1"]) < 1  # not a trivially perfect split: the thresholds matter
