@@ -245,7 +245,7 @@ def test_quantize_report_gives_map_and_tag_set_agreement():
         "qat": None,
     }
     text = markdown([result], info, decoder)
-    assert text.startswith("| variant | mAP |") and "mAP: macro mean average precision" in text
+    assert text.startswith("| variant | mAP |") and "mAP (macro mean average precision over the tags" in text
 
 
 # -- cv's evaluation and the W&B dashboard ----------------------------------------------------------------------

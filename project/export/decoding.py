@@ -153,7 +153,7 @@ class Tags:
     quality: ClassVar[str] = "mAP"
     agrees: ClassVar[str] = "tag sets agree with FP32"
     quality_note: ClassVar[str] = (
-        "mAP: macro mean average precision over the tags, and tag sets at the thresholds,"
+        "mAP (macro mean average precision over the tags; agreement: the same tag set at the thresholds)"
     )
     output_name: ClassVar[str] = "probabilities"
 
