@@ -151,6 +151,8 @@ class ImageTask(L.LightningModule):
         if hp["compile"] and not getattr(self, "_compiled", False):
             self.net.compile(mode=hp["compile_mode"])
             self._compiled = True
+        # Here, for every way a run is built (the CLI, a script, a study): a task that reads the targets another
+        # way than the data gives them (cross-entropy on multi-hot rows) would train on them without an error.
         check_task_fits_data(self, getattr(self._trainer, "datamodule", None))
 
     def forward(self, x: Tensor) -> Tensor:
