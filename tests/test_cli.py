@@ -15,7 +15,7 @@ from project.data import CIFARDataModule, ImageFolderDataModule
 from project.models import CIFARResNet, SimpleCNN
 from tests.conftest import CONFIGS, ROOT, run_cli
 
-MAIN_CONFIGS = ["cifar10.yaml", "cifar100.yaml", "folder.yaml"]
+MAIN_CONFIGS = ["cifar10.yaml", "cifar100.yaml", "folder.yaml", "csv.yaml", "csv_multilabel.yaml"]
 # Everything in configs/ but the main configs, the search spaces of `tune` and the W&B sweeps stacks on a main one.
 STACKABLE = sorted(
     str(p.relative_to(CONFIGS))
@@ -37,7 +37,17 @@ def config_args(name: str, tmp_path: Path, image_folder: Path) -> list[str]:
     args = ["--config", str(CONFIGS / name), "--trainer.default_root_dir", str(tmp_path)]
     if name == "folder.yaml":
         args += ["--data.root", str(image_folder), "--data.cache_dir", str(tmp_path / "cache")]
+    if name.startswith("csv"):
+        args += ["--data.csv", str(labels_csv(image_folder)), "--data.cache_dir", str(tmp_path / "cache")]
     return args
+
+
+def labels_csv(image_folder: Path) -> Path:
+    """`image_folder/labels.csv`: each image of the class folders (the corrupt one left out) and its folder's
+    name (for the multi-label config, a set of one tag)."""
+    rows = [f"{p.relative_to(image_folder)},{p.parent.name}" for p in sorted(image_folder.glob("*/img*"))]
+    (image_folder / "labels.csv").write_text("path,label\n" + "\n".join(rows) + "\n")
+    return image_folder / "labels.csv"
 
 
 @pytest.mark.parametrize("name", MAIN_CONFIGS)
