@@ -60,6 +60,7 @@ class TimmNet(nn.Module):
         kwargs: dict[str, Any] = dict(model_kwargs or {})
         if input_shape is not None:
             kwargs["in_chans"] = input_shape[0]
+        self.in_chans = int(kwargs.get("in_chans", 3))
         if weights_file is not None:
             path = Path(weights_file).expanduser()
             if not path.is_file():
@@ -89,7 +90,11 @@ class TimmNet(nn.Module):
         from timm.data.config import resolve_data_config
 
         config = resolve_data_config({}, model=self.net)
-        return tuple(config["mean"]), tuple(config["std"])
+        mean, std = tuple(config["mean"]), tuple(config["std"])
+        channels = self.in_chans
+        if len(mean) != channels:  # RGB weights adapted to grey or 4-channel input: the channels' average
+            mean, std = (sum(mean) / len(mean),) * channels, (sum(std) / len(std),) * channels
+        return mean, std
 
     def head_parameter_names(self) -> list[str]:
         """The names (in `named_parameters()`) of the new head's parameters: the classifier timm replaced."""
