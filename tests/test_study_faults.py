@@ -126,6 +126,21 @@ def test_the_studys_own_wandb_run_does_not_record_the_database_password(tmp_path
     assert written and not [p for p in written if PASSWORD.encode() in p.read_bytes()]
 
 
+def test_a_fits_wandb_run_starts_with_the_command_line_redacted(tmp_path, monkeypatch):
+    from lightning.pytorch import loggers
+
+    from project.run.wandb_logger import WandbLogger
+
+    seen: list[list[str]] = []
+    monkeypatch.setattr(loggers.WandbLogger, "experiment", property(lambda self: seen.append(list(sys.argv))))
+    real = ["project", "fit", "--trainer.logger.init_args.init_kwargs.api_key", PASSWORD]
+    monkeypatch.setattr(sys, "argv", real)
+    logger = WandbLogger(save_dir=str(tmp_path), offline=True)
+    logger._init_run()  # what the background start runs: wandb.init records sys.argv in the run's metadata
+    assert seen == [["project", "fit", "--trainer.logger.init_args.init_kwargs.api_key", "***"]]
+    assert sys.argv is real
+
+
 def test_a_cv_with_an_unwritable_root_is_one_line(tmp_path, capsys):
     data = tiny_folder(tmp_path / "images")
     blocker = tmp_path / "a_file"
