@@ -10,15 +10,12 @@ from pathlib import Path
 import pytest
 import torch
 import torchvision
-import yaml
 
-from project.cli import main
 from project.errors import UserError
 from project.lit import ImageClassifier
 from project.lit.factories import build_optimizer, scaled_max_lr
 from project.models import SimpleCNN, TimmNet, TorchvisionNet
-from tests.conftest import CONFIGS, ROOT
-from tests.tiny_fit import command_args
+from tests.conftest import ROOT
 
 IMAGENET = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
 TINY_TIMM = "test_resnet.r160_in1k"  # timm's own test model: a small ResNet, its weights' mean/std 0.5
@@ -149,38 +146,3 @@ def test_backbone_lr_scale_needs_a_network_that_names_its_head():
 def test_timm_is_imported_only_by_a_run_that_uses_it():
     code = "import sys, project.cli, project.models; assert 'timm' not in sys.modules, 'timm imported'"
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, capture_output=True)
-
-
-def test_the_finetune_preset_trains_from_the_weights_a_download_would_give(image_folder, tmp_path):
-    # The README's command, with the weights file a download would have left in the hub cache given directly,
-    # at a test's scale.
-    (command,) = [c for c in readme_or_config_commands() if "finetune_timm.yaml" in c]
-    weights = tmp_path / "resnet18.a1_in1k.pth"
-    saved = saved_timm_weights(weights, "resnet18.a1_in1k")
-    args = [
-        *command_args(command.replace("path/to/images", str(image_folder))),
-        "--model.net.init_args.weights_file", str(weights),
-        "--data.image_size", "32", "--data.batch_size", "8", "--data.cache_dir", str(tmp_path / "cache"),
-        "--data.skip_corrupt", "true",  # the fixture holds a broken file
-        "--trainer.max_epochs", "1", "--trainer.limit_train_batches", "2", "--trainer.limit_val_batches", "1",
-        "--trainer.accelerator", "cpu", "--trainer.precision", "32-true", "--trainer.logger", "false",
-        "--trainer.enable_progress_bar", "false", "--trainer.default_root_dir", str(tmp_path / "runs"),
-    ]  # fmt: skip
-    main(args)
-    (ckpt,) = (tmp_path / "runs").glob("runs/version_*/checkpoints/last.ckpt")
-    config = yaml.safe_load((ckpt.parent.parent / "config.yaml").read_text())
-    assert config["model"]["init_args"]["net"]["init_args"]["pretrained"] is True
-    # Two steps at OneCycle's starting rate move each weight by ~1e-4: still the file's, not a fresh init's.
-    trained = torch.load(ckpt, weights_only=True)["state_dict"]
-    convs = [k for k, v in saved.items() if v.ndim == 4]
-    assert max(float((trained[f"net.net.{k}"] - saved[k]).abs().max()) for k in convs) < 1e-2
-
-
-def readme_or_config_commands() -> list[str]:
-    """The `python -m project` lines of the README and of the experiment presets' comments."""
-    texts = [
-        (ROOT / "README.md").read_text(),
-        *(p.read_text() for p in (CONFIGS / "experiment").glob("*.yaml")),
-    ]
-    lines = [line.lstrip("# ").split("  #")[0].strip() for text in texts for line in text.splitlines()]
-    return sorted({line for line in lines if line.startswith("python -m project ")})
