@@ -113,7 +113,7 @@ class TrialPruning(Callback):
                     logged = ", ".join(sorted(k for k in trainer.callback_metrics if "/" in k))
                     message = f"the metric {self.monitor} is never logged by the fit (it logs {logged})"
                     trial.set_user_attr(METRIC_MISSING_ATTR, message)
-                    raise UserError(f"the search's {message}: set metric in the search file to one of them")
+                    raise UserError(f"{message}: set metric in the search file to one of them")
                 trial.report(float(value), step=self._validations)
                 prune = trial.should_prune()
                 if prune:

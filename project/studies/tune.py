@@ -409,7 +409,9 @@ def tune(
         except FitFailed:
             missing = trial_result(study, trial.number).user_attrs.get(METRIC_MISSING_ATTR)
             if missing:  # every trial would fail alike: stop the study now
-                raise UserError(f"search file {space.source}: {missing}") from None
+                raise UserError(
+                    f"search file {space.source}: {missing}: set its metric to one of them"
+                ) from None
             raise
         done = trial_result(study, trial.number)
         if PRUNED_ATTR in done.user_attrs:
