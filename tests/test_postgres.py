@@ -58,12 +58,12 @@ def postgres() -> str:
     return URL
 
 
-def _tune_args(tmp_path: Path, study: str, *extra: str) -> list[str]:
+def _tune_args(tmp_path: Path, study: str, *extra: str, url: str = URL) -> list[str]:
     data = tiny_folder(tmp_path / "images")
     search = tmp_path / "lr.yaml"
     search.write_text(LR)
     args = ["tune", *tiny_fit_args(data, tmp_path, "--trainer.logger", "false"), "--search", str(search)]
-    args += ["--storage", URL, "--study_name", study, "--pruner", "none", "--heartbeat_interval", "1"]
+    args += ["--storage", url, "--study_name", study, "--pruner", "none", "--heartbeat_interval", "1"]
     return [*args, "--grace_period", "3", *extra]
 
 
@@ -139,23 +139,34 @@ def test_two_workers_share_a_study_and_a_killed_workers_trial_is_continued(postg
     assert not leaked and PASSWORD not in out + err  # neither the W&B run nor any log holds the password
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="stopping and restarting the test server needs root")
+@pytest.mark.skipif(os.geteuid() != 0, reason="a server of its own to stop mid-study needs root")
 def test_a_server_that_stops_mid_study_is_one_line_naming_it(postgres, tmp_path):
+    # A server of its own (another port and cluster), so stopping it leaves the shared one to other tests.
+    port = PORT + 1
+    # (Not under tmp_path: the server runs as the postgres user, who cannot enter root's pytest folders.)
+    cluster = Path(f"/tmp/project-test-postgres-{os.getpid()}")
+    env = {**os.environ, "PGTEST_PORT": str(port), "PGTEST_DIR": str(cluster)}
+    own = subprocess.run([str(SCRIPT)], env=env, capture_output=True, text=True, timeout=600)
+    assert own.returncode == 0, own.stderr
+    url = URL.replace(f":{PORT}/", f":{port}/")
     study_name = _unique("lost")
-    worker = _start(_tune_args(tmp_path, study_name, "--n_trials", "3", "--wandb", "false"), tmp_path)
+    worker = _start(
+        _tune_args(tmp_path, study_name, "--n_trials", "3", "--wandb", "false", url=url), tmp_path
+    )
     try:
         _training_fit(worker)
-        assert _server("stop").returncode == 0
+        stop = subprocess.run([str(SCRIPT), "stop"], env=env, capture_output=True, text=True, timeout=120)
+        assert stop.returncode == 0, stop.stderr
         out, err = worker.communicate(timeout=300)
     finally:
         if worker.poll() is None:
             worker.kill()
-        _server("start")
+        subprocess.run([str(SCRIPT), "stop"], env=env, capture_output=True, timeout=120)
+        shutil.rmtree(cluster, ignore_errors=True)
     assert worker.returncode == 1, err[-4000:]
     assert "Traceback" not in err and PASSWORD not in out + err
     last = err.strip().splitlines()[-1]
     assert last.startswith(
-        f"error: the study {study_name} lost its database, the postgresql database studies on "
-        f"127.0.0.1:{PORT} ("
+        f"error: the study {study_name} lost its database, the postgresql database studies on 127.0.0.1:{port} ("
     ), last
     assert "check that it is running and reachable, then rerun the same command to continue it" in last
