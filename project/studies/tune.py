@@ -16,7 +16,6 @@ has passed, and is continued the same way (`--retries` times). `trials.md`, `tri
 import fcntl
 import json
 import logging
-import shutil
 import signal
 import sys
 import threading
@@ -32,6 +31,7 @@ from project.atomic_files import check_writable
 from project.errors import UserError
 from project.run.run_folder import DEFAULT_ROOT_DIR
 from project.studies.runner import (
+    SETTINGS_FILE,
     FitFailed,
     Interrupted,
     check_produces_metric,
@@ -258,6 +258,19 @@ def open_study(
         )
 
 
+def _remove_new_study_folder(study_dir: Path, created: Path) -> None:
+    """Undo what this command made of a new study folder (its recorded settings), and the folders above it it
+    created, each only while empty: another worker may have started there meanwhile."""
+    (study_dir / SETTINGS_FILE).unlink(missing_ok=True)
+    for folder in [study_dir, *study_dir.parents]:
+        try:
+            folder.rmdir()
+        except OSError:  # not empty (or gone): what is in it is not ours
+            return
+        if folder == created:
+            return
+
+
 def trials_taken(study: optuna.Study) -> int:
     """Trials that count towards `n_trials` now: finished ones and those running in some worker (a trial
     whose worker died, once its grace period has passed, is failed here and queued to be continued)."""
@@ -372,7 +385,7 @@ def tune(
         )
     except BaseException:
         if created is not None:
-            shutil.rmtree(created, ignore_errors=True)
+            _remove_new_study_folder(study_dir, created)
         raise
 
     def objective(trial: optuna.Trial) -> float:
