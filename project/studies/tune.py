@@ -344,9 +344,10 @@ def tune(
         startup_trials: Random trials before the TPE sampler starts modelling the results.
         seed: Seed of the sampler (default: random; a fixed seed makes parallel workers propose alike).
         heartbeat_interval: Seconds between a running trial's heartbeats in the storage.
-        grace_period: Seconds without a heartbeat after which a running trial counts as dead (failed, and queued
-            again); default: twice the heartbeat interval.
-        retries: How often a dead trial is queued again with the same parameters (0: never).
+        grace_period: Seconds without a heartbeat after which a running trial counts as dead (failed, and
+            continued by a new trial); default: twice the heartbeat interval.
+        retries: How often a dead trial is continued by a new trial with its parameters and folder, from its
+            last.ckpt (0: never). A trial stopped by Ctrl-C or SIGTERM is always continued.
         max_failures: Stop the study after this many trials fail in a row (a bug rather than bad settings).
         wandb: Log the trials table to a W&B run (offline unless WANDB_MODE=online) in the trials' group.
         wandb_project: W&B project of that run.
