@@ -316,3 +316,27 @@ def test_continuing_a_finished_run_names_the_limit_that_ended_it(fake_cifar, tmp
     main([*args, "--ckpt_path", "last"])
     err = capsys.readouterr().err
     assert f"nothing was trained. To train longer, raise {named}" in err, err[-2000:]
+
+
+def test_predict_names_every_unreadable_image_or_leaves_them_all_out(tmp_path, capsys):
+    for name in ("a", "b"):
+        save_images(tmp_path / "images" / name, 6, (16, 16))
+    args = ["--config", CONFIGS / "folder.yaml", "--data.root", tmp_path / "images", "--data.image_size", "16",
+            "--data.cache_dir", tmp_path / "cache", "--model.net", "SimpleCNN", "--data.val_fraction", "0.34",
+            "--trainer.logger", "false", "--trainer.enable_progress_bar", "false",
+            "--trainer.default_root_dir", tmp_path / "logs"]  # fmt: skip
+    main([str(a) for a in ["fit", *args, "--trainer.max_steps", "1"]])
+    unlabeled = tmp_path / "unlabeled"
+    save_images(unlabeled, 2, (20, 12))
+    (unlabeled / "empty.png").write_bytes(b"")
+    (unlabeled / "half.png").write_bytes((unlabeled / "0.png").read_bytes()[:60])
+    predict = ["predict", *args, "--ckpt_path", "best", "--data.predict_root", unlabeled]
+    message = fails(predict, capsys)
+    assert "unreadable image file(s)" in message and "empty.png" in message and "half.png" in message
+    capsys.readouterr()
+    main([str(a) for a in [*predict, "--data.skip_corrupt", "true"]])
+    rows = (next((tmp_path / "logs").rglob("predictions.csv"))).read_text().splitlines()
+    assert len(rows) == 1 + 2  # header and the two readable images
+    assert "leaving out 2 unreadable image(s)" in capsys.readouterr().err
+    main([str(a) for a in ["predict", *args, "--ckpt_path", "best"]])
+    assert "warning: no data.predict_root given: predicting the validation split (" in capsys.readouterr().err

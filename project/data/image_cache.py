@@ -20,7 +20,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader
 
 from project.atomic_files import atomic_path, atomic_write_text, check_writable
-from project.data.images import MAX_IMAGE_PIXELS, DecodeAll
+from project.data.images import MAX_IMAGE_PIXELS, DecodeAll, check_image
 from project.data.tensor_dataset import collate_pre_batched
 from project.errors import UserError, warn
 
@@ -258,3 +258,10 @@ def drop_bad(
         + (" ..." if len(names) > 10 else "")
     )
     return [i for i in indices if i not in bad]
+
+
+def readable_files(files: Sequence[Path], max_pixels: int, skip_corrupt: bool) -> list[Path]:
+    """`files` (to predict: nothing is cached) checked before any is decoded (a header check and PIL's
+    `verify`, no full decode): every unreadable one named in one error, or all left out with one warning."""
+    bad = {i: reason for i, f in enumerate(files) if (reason := check_image(f, max_pixels))}
+    return [files[i] for i in drop_bad(list(range(len(files))), bad, files, skip_corrupt)]

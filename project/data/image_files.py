@@ -16,7 +16,13 @@ from torch.utils.data import Dataset
 
 from project.data.datamodule import ImageDataModule, available_cpus
 from project.data.folds import KFoldMixin, check_class_counts, iterative_stratification
-from project.data.image_cache import ImageCache, default_cache_dir, drop_bad, sampled_mean_std
+from project.data.image_cache import (
+    ImageCache,
+    default_cache_dir,
+    drop_bad,
+    readable_files,
+    sampled_mean_std,
+)
 from project.data.images import (
     MAX_IMAGE_PIXELS,
     ImageFileDataset,
@@ -27,7 +33,7 @@ from project.data.images import (
     list_images,
 )
 from project.data.tensor_dataset import TensorImageDataset
-from project.errors import UserError
+from project.errors import UserError, warn
 
 #: Largest `image_size`: one 8192 x 8192 RGB image is 200 MB as uint8 and 800 MB as the float32 the network
 #: sees; larger ones are a typo (or a whole-slide image, which wants tiles, not one input).
@@ -236,7 +242,7 @@ class ImageFilesDataModule(KFoldMixin, ImageDataModule):
                 rank_zero_warn("The data has no test split: testing on the validation split.")
                 self.test_set = self.val_set
         if stage == "predict" and self.predict_set is None:
-            files = self.predict_files()
+            files = readable_files(self.predict_files(), self.max_image_pixels, self.skip_corrupt)
             self.predict_set = ImageFileDataset(files, None, self.image_size, self.max_image_pixels)
             self.predict_names = [str(f) for f in files]
 
@@ -247,9 +253,13 @@ class ImageFilesDataModule(KFoldMixin, ImageDataModule):
             if not files:
                 raise UserError(f"prediction folder {self.predict_root} contains no images")
             return files
-        if self.has_split("test"):
-            return [Path(f) for f in self.scanned("test").files]
-        return [Path(self.scanned("train").files[i]) for i in self._split()[1]]
+        split = "test" if self.has_split("test") else "validation"
+        if split == "test":
+            files = [Path(f) for f in self.scanned("test").files]
+        else:
+            files = [Path(self.scanned("train").files[i]) for i in self._split()[1]]
+        warn(f"no data.predict_root given: predicting the {split} split ({len(files)} images)")
+        return files
 
     def _train_stats(self) -> tuple[tuple[float, ...], tuple[float, ...]]:
         ds = self.train_set

@@ -117,7 +117,7 @@ def resolve_ckpt_path(
         return ckpt, None, load_checkpoint(ckpt)
     checkpoint_config = config.get("checkpoint")
     dirpath = checkpoint_config.get("dirpath") if checkpoint_config else None
-    found = find_run_to_continue(root, dirpath, settings)
+    found = find_run_to_continue(root, dirpath, settings, whole=subcommand == "fit")
     if found is None:
         where = dirpath or f"{root} (trainer.default_root_dir)"
         if ckpt == "last" and subcommand == "fit":

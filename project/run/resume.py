@@ -30,13 +30,22 @@ from project.run.run_folder import RUNS
 LAST_NAME = re.compile(r"^last(-v\d+)?\.ckpt$")  # Lightning versions clashing names as last-v1.ckpt, ...
 #: Settings that may differ between a run and the command that continues it: how long to train.
 MAY_CHANGE = ("ckpt_path", "trainer.max_epochs", "trainer.max_steps", "trainer.max_time")
+#: Data settings that say how the images are read or which ones to evaluate and predict, not what the model
+#: learned from: `--ckpt_path best` finds a run's best checkpoint whatever they are.
+HOW_DATA_IS_READ = frozenset(
+    ("predict_root", "predict_csv", "test_csv", "skip_corrupt", "batch_size", "num_workers",
+     "prefetch_factor", "pin_memory", "persistent_workers", "cache", "cache_dir", "on_device")
+)  # fmt: skip
 
 
 def run_settings(config: dict[str, Any], whole: bool = True) -> dict[str, Any]:
     """The settings that identify a run: its config without the keys that may change on resume; or, for
     evaluating it (`whole=False`), its network and data alone."""
     if not whole:
-        return {key: config.get(key) for key in ("model", "data")}
+        data = dict(config.get("data") or {})
+        if isinstance(data.get("init_args"), dict):
+            data["init_args"] = {k: v for k, v in data["init_args"].items() if k not in HOW_DATA_IS_READ}
+        return {"model": config.get("model"), "data": data}
     settings = {key: value for key, value in config.items() if key != "ckpt_path"}
     trainer = {k: v for k, v in (settings.get("trainer") or {}).items() if f"trainer.{k}" not in MAY_CHANGE}
     return {**settings, "trainer": trainer}
@@ -69,12 +78,13 @@ def find_last_checkpoint(root: str | Path, dirpath: str | Path | None = None) ->
 
 
 def find_run_to_continue(
-    root: str | Path, dirpath: str | Path | None, settings: dict[str, Any]
+    root: str | Path, dirpath: str | Path | None, settings: dict[str, Any], whole: bool = True
 ) -> tuple[Path, dict[str, Any]] | None:
     """(newest intact checkpoint, its content) of the newest run started with `settings`; None if no run was.
 
     Runs are the folders of `root/runs/`, or `dirpath` alone when given; each is judged by its newest
-    checkpoint's recorded config (checkpoints written before configs were recorded match any command).
+    checkpoint's recorded config (checkpoints written before configs were recorded match any command), read
+    as `run_settings(config, whole)` reads the command's.
     A checkpoint that cannot be read (cut short by a full disk, say) is skipped for the next one of its run.
     """
     if dirpath:
@@ -93,7 +103,9 @@ def find_run_to_continue(
                 warn(f"--ckpt_path last: skipping {path}: {e}")
                 continue
             recorded = (checkpoint.get("run_info") or {}).get("config")
-            recorded = recorded if recorded is None else {key: recorded.get(key) for key in settings}
+            if recorded is not None:
+                recorded = run_settings(recorded, whole)
+                recorded = {key: recorded.get(key) for key in settings}
             difference = recorded is not None and first_difference(recorded, settings)
             if difference:
                 passed_over = passed_over or (folder.parent, difference)
