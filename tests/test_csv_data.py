@@ -308,6 +308,16 @@ def test_multilabel_validation_split_and_folds_follow_every_tag(tmp_path):
     assert sorted(i for f in folds for i in f) == list(range(40))
 
 
+def test_train_tag_counts_count_the_part_that_trains(tmp_path):
+    csv = tagged(tmp_path, n=40)
+    dm = csv_dm(csv, tmp_path, label_column="tags", multilabel=True, val_fraction=0.25)
+    dm.setup("fit")
+    images, positives = dm.train_tag_counts
+    train = dm.train_set.targets[dm.train_set.indices]
+    assert images == 30 and positives == train.sum(0).long().tolist()  # the validation images left out
+    assert csv_dm(dataset(tmp_path / "single"), tmp_path).train_tag_counts is None
+
+
 # -- through the CLI ------------------------------------------------------------------------------------------
 def test_fit_with_configs_csv_yaml(tmp_path):
     csv = dataset(tmp_path)

@@ -91,8 +91,14 @@ class BestAndLastCheckpoint(ModelCheckpoint):
         if not isinstance(exception, SIGTERMException) or trainer.sanity_checking:
             return
         if trainer.validating:  # no state to save within a validation: the resumed run validates again
-            latest = self.last_model_path or "none saved yet"
-            rank_zero_info(f"{interrupts.stopped_by} during validation: the latest state is in {latest}")
+            if self.last_model_path:
+                rank_zero_info(
+                    f"{interrupts.stopped_by} during validation: the latest state is in {self.last_model_path}"
+                )
+            else:  # the first validation, before any checkpoint
+                rank_zero_info(
+                    f"{interrupts.stopped_by} during the first validation: no checkpoint was saved yet"
+                )
             return
         # SIGTERM that arrived after this step's on_train_batch_end: the state is still between two batches.
         if self._last_refreshed_step != trainer.global_step:

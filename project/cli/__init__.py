@@ -48,6 +48,7 @@ from project.cli.config import (
 from project.data import ImageDataModule
 from project.errors import UserError, find_user_error, innermost_value_error, warn
 from project.lit import ImageTask
+from project.lit.task import check_task_fits_data
 from project.run import interrupts
 from project.run.checkpoints import check_fits, with_atomic_checkpoint_io
 from project.run.interrupts import CtrlCStopsAfterTheBatch
@@ -144,6 +145,9 @@ class ProjectCLI(LightningCLIWithTrainerHook):
             raise find_user_error(e) or UserError(f"{innermost_value_error(e)}") from None
         built = self.config_init[self.subcommand] if self.subcommand else self.config_init
         self.datamodule, self.model = built["data"], built["model"]
+        check_task_fits_data(
+            self.model, self.datamodule
+        )  # one class per image, or a set of tags: before any data is read
         self.trainer = self.instantiate_trainer()
 
     def configure_trainer(self, trainer_config: dict[str, Any], callbacks: list[Any]) -> list[Any]:
@@ -279,10 +283,11 @@ def main(args: list[str] | None = None) -> None:
     except SIGTERMException:  # preemption or Ctrl-C: stopped after a batch; BestAndLastCheckpoint saved it
         code = 128 + (signal.SIGINT if interrupts.stopped_by.startswith("Ctrl-C") else signal.SIGTERM)
         finish_runs(code)
-        print(
-            f"error: stopped by {interrupts.stopped_by}; resume with the same command plus --ckpt_path last",
-            file=sys.stderr,
-        )
+        hint = (
+            interrupts.resume_hint()
+        )  # None in a fold or trial: cv or tune names the command that continues
+        if hint:
+            print(f"error: stopped by {interrupts.stopped_by}; {hint}", file=sys.stderr)
         sys.exit(code)
     except MisconfigurationException as exc:  # Lightning's word for settings it refuses: each names its key
         finish_runs(1)

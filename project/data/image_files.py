@@ -149,6 +149,20 @@ class ImageFilesDataModule(KFoldMixin, ImageDataModule):
         """The labels of `train_files`: class indices, or each image's tag indices for multi-label data."""
         return self.scanned("train").labels
 
+    @property
+    def train_tag_counts(self) -> tuple[int, list[int]] | None:
+        """(images, positives per tag) of the part that trains (after the validation split or fold), for a
+        multi-label task's balanced loss weights; None for single-label data."""
+        if not self.multilabel:
+            return None
+        labels = self.train_labels
+        rows = range(len(labels)) if self.has_split("val") else self._split()[0]
+        positives = [0] * len(self.class_names)
+        for i in rows:
+            for tag in labels[i]:  # pyright: ignore[reportGeneralTypeIssues]  # tag indices (multi-label)
+                positives[tag] += 1
+        return len(rows), positives
+
     # -- building the splits --------------------------------------------------------------------------------
     def scanned(self, split: str) -> Any:
         """`scan(split)`, once per split (typed loosely: `train` is never None)."""

@@ -4,9 +4,10 @@ Folds run one after another as `python -m project fit <your flags> --data.num_fo
 `<trainer.default_root_dir>/cv/<name>/fold_<k>/`, each with `--ckpt_path last`: a killed study, rerun with
 the same command, skips the folds whose `fold_result.json` exists and resumes the interrupted one from its
 `last.ckpt`. A fold's result is its best checkpoint (the run's `checkpoint.monitor`, `val/acc` by default)
-evaluated here on its validation fold: `val/acc`, `val/loss` and the accuracy of every class, from exactly the
-model that checkpoint holds. Once every fold is complete, the summary (mean and sample standard deviation over
-the folds) is written beside them as `cv_results.md` and `cv_results.json` and logged to W&B.
+evaluated here on its validation fold: `val/acc`, `val/loss` and the accuracy of every class (for a multi-label
+task `val/map` and every tag's average precision), from exactly the model that checkpoint holds. Once every fold
+is complete, the summary (mean and sample standard deviation over the folds) is written beside them as
+`cv_results.md` and `cv_results.json` and logged to W&B.
 
 The study folder records the settings it was started with (`settings.json`). A rerun with other settings may
 continue the study only where that leaves every fold trained alike, so the folds stay comparable:
@@ -38,7 +39,7 @@ from project.atomic_files import atomic_write_text, check_writable
 from project.errors import UserError, warn
 from project.run.resume import MAY_CHANGE
 from project.run.run_folder import DEFAULT_ROOT_DIR
-from project.studies.evaluate import evaluate, load_best
+from project.studies.evaluate import Evaluation, evaluate, load_best
 from project.studies.runner import (
     check_produces_metric,
     claim_folder,
@@ -56,7 +57,13 @@ from project.studies.runner import (
 )
 
 RESULT_FILE = "fold_result.json"
-METRICS = ("val/acc", "val/loss")
+
+
+def metrics_of(results: list[dict[str, Any]]) -> tuple[str, str]:
+    """The folds' figures: their quality (`val/acc`, or `val/map` for a multi-label task), and `val/loss`."""
+    return ("val/map" if "val/map" in results[0] else "val/acc", "val/loss")
+
+
 #: The recorded settings (flattened) that say how long each fold trains.
 LENGTH = tuple(f"fit.{key}" for key in MAY_CHANGE if key.startswith("trainer."))
 
@@ -130,11 +137,11 @@ def fold_result(fold_dir: Path, fold: int) -> dict[str, Any]:
     result = evaluate(best, "val")
     return {
         "fold": fold,
-        "val/acc": result.accuracy,
+        f"val/{result.score_name}": result.score,
         "val/loss": result.loss,
         "epoch": best.epoch,
         "val_images": len(result.targets),
-        "class_acc": result.class_accuracy(best.datamodule.class_names),
+        "class_acc": result.per_class(best.datamodule.class_names),
         "monitored_best": best.recorded_score,
         "checkpoint": str(best.ckpt_path.absolute()),
     }
@@ -143,7 +150,7 @@ def fold_result(fold_dir: Path, fold: int) -> dict[str, Any]:
 def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
     """Mean and sample standard deviation over the folds of each metric, and each class's mean accuracy."""
     summary: dict[str, Any] = {"folds": len(results)}
-    for key in (*METRICS, "epoch"):
+    for key in (*metrics_of(results), "epoch"):
         values = [float(r[key]) for r in results]
         summary[key] = {"mean": statistics.fmean(values), "std": statistics.stdev(values)}
     names = list(results[0]["class_acc"])
@@ -156,37 +163,47 @@ def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
 
 def test_ensemble_result(fold_dirs: list[Path]) -> dict[str, Any]:
     """Test accuracy of each fold's best model, and of their average (the mean of their softmax outputs)."""
-    singles, probs, targets = [], None, None
+    singles, probs, targets, name = [], None, None, "acc"
     for fold_dir in fold_dirs:
         evaluation = evaluate(load_best(fold_dir), "test")
-        singles.append(evaluation.accuracy)
+        singles.append(evaluation.score)
+        name = evaluation.score_name
         probs = evaluation.probs if probs is None else probs + evaluation.probs
         if targets is not None and not torch.equal(targets, evaluation.targets):
             raise UserError(f"the test split of {fold_dir} differs from the other folds' test split")
         targets = evaluation.targets
     assert probs is not None and targets is not None  # cv always has at least 2 folds (fold_numbers)
-    ensemble = float((probs.argmax(1) == targets).double().mean())
+    ensemble = Evaluation(probs / len(fold_dirs), targets, float("nan")).score
     return {
-        "test/acc_ensemble": ensemble,
-        "test/acc_single": {"mean": statistics.fmean(singles), "std": statistics.stdev(singles)},
-        "test/acc_per_fold": singles,
+        f"test/{name}_ensemble": ensemble,
+        f"test/{name}_single": {"mean": statistics.fmean(singles), "std": statistics.stdev(singles)},
+        f"test/{name}_per_fold": singles,
         "test_images": len(targets),
     }
 
 
 def report(results: list[dict[str, Any]], summary: dict[str, Any], ensemble: dict[str, Any] | None) -> str:
-    columns = ["fold", "val/acc", "val/loss", "best epoch", "val images"]
-    rows = [[r["fold"], r["val/acc"], r["val/loss"], r["epoch"], r["val_images"]] for r in results]
-    rows.append(["mean ± std", *(f"{summary[k]['mean']:.4f} ± {summary[k]['std']:.4f}" for k in METRICS)])
+    score, loss = metrics_of(results)
+    columns = ["fold", score, loss, "best epoch", "val images"]
+    rows = [[r["fold"], r[score], r[loss], r["epoch"], r["val_images"]] for r in results]
+    rows.append(
+        ["mean ± std", *(f"{summary[k]['mean']:.4f} ± {summary[k]['std']:.4f}" for k in (score, loss))]
+    )
     rows[-1] += [f"{summary['epoch']['mean']:.1f} ± {summary['epoch']['std']:.1f}", ""]
     text = markdown_table(columns, rows)
-    text += "\nPer-class validation accuracy, mean over folds:\n\n"
-    text += markdown_table(["class", "val/acc"], list(summary["class_acc"].items()))
+    per = (
+        ("tag", "val/ap", "Per-tag validation average precision")
+        if score == "val/map"
+        else ("class", "val/acc", "Per-class validation accuracy")
+    )
+    text += f"\n{per[2]}, mean over folds:\n\n"
+    text += markdown_table(list(per[:2]), list(summary["class_acc"].items()))
     if ensemble is not None:
-        single = ensemble["test/acc_single"]
+        name = score.removeprefix("val/")
+        single = ensemble[f"test/{name}_single"]
         text += (
             f"\nTest split ({ensemble['test_images']} images): ensemble of the {len(results)} folds' best models "
-            f"{ensemble['test/acc_ensemble']:.4f}; single folds {single['mean']:.4f} ± {single['std']:.4f}\n"
+            f"{ensemble[f'test/{name}_ensemble']:.4f}; single folds {single['mean']:.4f} ± {single['std']:.4f}\n"
         )
     return text
 
@@ -228,7 +245,8 @@ def cv(
     check_produces_metric(config, "the cross-validation", monitor, needs_best_checkpoint=True)
     datamodule = build_datamodule(config)  # the data's checks (class counts, a val folder) before any fold
     # Class folders may lack `root/test` (testing then falls back to validation); CIFAR's is the official one.
-    if test_ensemble and getattr(datamodule, "test_dir", True) is None:
+    has_split = getattr(datamodule, "has_split", None)  # image-file sources; CIFAR has its official test split
+    if test_ensemble and has_split is not None and not has_split("test"):
         warn("--test_ensemble: the data has no test split, so there is no ensemble to evaluate")
         test_ensemble = False
     name = name or config_stem(fit_args, "cv")
@@ -257,7 +275,8 @@ def cv(
             atomic_write_text(
                 fold_dir / RESULT_FILE, json.dumps(result, indent=2) + "\n"
             )  # last: marks the fold complete
-        print(f"fold {k}: val/acc {result['val/acc']:.4f}, val/loss {result['val/loss']:.4f}")
+        score = metrics_of([result])[0]
+        print(f"fold {k}: {score} {result[score]:.4f}, val/loss {result['val/loss']:.4f}")
     read = [read_json(study_dir / f"fold_{k}" / RESULT_FILE) for k in range(folds)]
     missing = [k for k, r in enumerate(read) if r is None]
     if missing:
@@ -275,10 +294,11 @@ def cv(
     write_results(study_dir, "cv_results", text, payload, {})
     print(f"\n{text}\nwritten to {study_dir / 'cv_results.md'} and cv_results.json")
     if wandb:
-        rows = [[r["fold"], r["val/acc"], r["val/loss"], r["epoch"]] for r in results]
-        flat = {f"{k}_{stat}": summary[k][stat] for k in METRICS for stat in ("mean", "std")}
-        flat |= {"test/acc_ensemble": ensemble["test/acc_ensemble"]} if ensemble else {}
-        columns = ["fold", "val/acc", "val/loss", "best epoch"]
+        score, loss = metrics_of(results)
+        rows = [[r["fold"], r[score], r[loss], r["epoch"]] for r in results]
+        flat = {f"{k}_{stat}": summary[k][stat] for k in (score, loss) for stat in ("mean", "std")}
+        flat |= {k: v for k, v in (ensemble or {}).items() if k.endswith("_ensemble")}
+        columns = ["fold", score, loss, "best epoch"]
         run_dir = log_table(
             "cv/folds", columns, rows, flat, study_dir, wandb_project, f"cv-{name}", "cv-summary"
         )
