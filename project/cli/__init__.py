@@ -10,8 +10,6 @@ Trainer runs, between `before_<command>` and `after_<command>`. The task is chos
 
 import importlib
 import logging
-import os
-import re
 import signal
 import sys
 import types
@@ -45,6 +43,7 @@ from project.cli.config import (
     split_args,
     task_class,
 )
+from project.cli.lightning_notices import quiet_lightning_notices
 from project.data import ImageDataModule
 from project.errors import UserError, find_user_error, innermost_value_error, warn
 from project.lit import ImageTask
@@ -69,8 +68,6 @@ for _handler in logging.getLogger("lightning.pytorch").handlers:
 warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)")
 warnings.filterwarnings("ignore", message=r"(?s).*was deprecated in v4\.49\.0")  # jsonargparse, by Lightning
 #: Lightning's hint, on every command on a machine with SLURM's tools, that `srun` exists but is not used.
-SRUN_HINT = r"The `srun` command is available on your system but is not used"
-CKPT_CALLBACKS_NOTICE = r"Be aware that when using `ckpt_path`, callbacks used to create the checkpoint"
 
 
 def _short_usage(parser: Any, file: Any = None) -> None:
@@ -236,27 +233,6 @@ class ProjectCLI(LightningCLIWithTrainerHook):
 def under_slurm(plugins: list[Any]) -> bool:
     """A run inside a SLURM job whose config chose no cluster environment of its own."""
     return SLURMEnvironment.detect() and not any(isinstance(p, ClusterEnvironment) for p in plugins)
-
-
-def quiet_lightning_notices() -> None:
-    """Leave out Lightning's notices that say nothing to act on in a template run."""
-    if not os.environ.get("SLURM_JOB_ID"):
-        # Outside a SLURM job (a cluster's login node, a laptop with SLURM installed) the run is not meant for
-        # SLURM; inside one, a command without srun would hang its other processes: the hint stays.
-        warnings.filterwarnings("ignore", message=SRUN_HINT)
-    # The template gives every run the callbacks its checkpoints need (fit) or none that keep state (validate,
-    # test, predict), so Lightning's reminder to provide them is noise on every --ckpt_path.
-    warnings.filterwarnings("ignore", message=CKPT_CALLBACKS_NOTICE)
-    notices = logging.getLogger("lightning.pytorch.utilities.rank_zero")
-    if not any(isinstance(f, _NoAbsentDevices) for f in notices.filters):
-        notices.addFilter(_NoAbsentDevices())
-
-
-class _NoAbsentDevices(logging.Filter):
-    """Drops "TPU available: False, using: 0 TPU cores" and the like: a device the machine does not have."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not re.match(r"\w+ available: False", record.getMessage())
 
 
 def main(args: list[str] | None = None) -> None:

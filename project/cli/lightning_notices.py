@@ -1,0 +1,30 @@
+"""Lightning's notices that say nothing a template user can act on, left out of every command."""
+
+import logging
+import os
+import re
+import warnings
+
+SRUN_HINT = r"The `srun` command is available on your system but is not used"
+CKPT_CALLBACKS_NOTICE = r"Be aware that when using `ckpt_path`, callbacks used to create the checkpoint"
+
+
+def quiet_lightning_notices() -> None:
+    """Leave out Lightning's notices that say nothing to act on in a template run."""
+    if not os.environ.get("SLURM_JOB_ID"):
+        # Outside a SLURM job (a cluster's login node, a laptop with SLURM installed) the run is not meant for
+        # SLURM; inside one, a command without srun would hang its other processes: the hint stays.
+        warnings.filterwarnings("ignore", message=SRUN_HINT)
+    # The template gives every run the callbacks its checkpoints need (fit) or none that keep state (validate,
+    # test, predict), so Lightning's reminder to provide them is noise on every --ckpt_path.
+    warnings.filterwarnings("ignore", message=CKPT_CALLBACKS_NOTICE)
+    notices = logging.getLogger("lightning.pytorch.utilities.rank_zero")
+    if not any(isinstance(f, _NoAbsentDevices) for f in notices.filters):
+        notices.addFilter(_NoAbsentDevices())
+
+
+class _NoAbsentDevices(logging.Filter):
+    """Drops "TPU available: False, using: 0 TPU cores" and the like: a device the machine does not have."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not re.match(r"\w+ available: False", record.getMessage())
