@@ -6,14 +6,16 @@ stopped."""
 from pathlib import Path
 
 import lightning as L
+import pytest
 import torch
 from lightning.pytorch.callbacks import EMAWeightAveraging
 
 from project.cli import main
 from project.export.trained import load_trained
 from tests.callback_fit import make_data, make_model, make_trainer
-from tests.conftest import CONFIGS
+from tests.conftest import CONFIGS, ROOT
 from tests.test_exact_resume import assert_same_weights, fit_args, stop_and_resume
+from tests.tiny_fit import command_args
 
 EMA = ["--config", str(CONFIGS / "callbacks" / "ema.yaml")]
 
@@ -73,3 +75,25 @@ def test_resume_restores_the_average_exactly_and_export_reads_it(fake_cifar, tmp
     averaged, trained = checkpoint["state_dict"], checkpoint["current_model_state"]
     assert all(torch.equal(v, averaged[f"net.{k}"]) for k, v in net.items())
     assert not all(torch.equal(v, trained[f"net.{k}"]) for k, v in net.items())
+
+
+def ema_commands() -> list[str]:
+    """The `python -m project` lines naming configs/callbacks/ema.yaml in the README and in the preset itself."""
+    texts = [(ROOT / "README.md").read_text(), (CONFIGS / "callbacks" / "ema.yaml").read_text()]
+    lines = [line.lstrip("# ").split("  #")[0].strip() for text in texts for line in text.splitlines()]
+    return sorted({line for line in lines if line.startswith("python -m project ") and "ema.yaml" in line})
+
+
+@pytest.mark.parametrize("command", ema_commands())
+def test_the_documented_ema_commands_train_with_an_average(command, image_folder, tmp_path):
+    args = command_args(command.replace("path/to/images", str(image_folder)))
+    main([
+        *args, "--data.image_size", "16", "--data.batch_size", "8", "--data.cache_dir", str(tmp_path / "cache"),
+        "--data.skip_corrupt", "true",  # the fixture holds a broken file
+        "--trainer.max_epochs", "1", "--trainer.limit_train_batches", "3", "--trainer.limit_val_batches", "1",
+        "--trainer.accelerator", "cpu", "--trainer.precision", "32-true", "--trainer.logger", "false",
+        "--trainer.enable_progress_bar", "false", "--trainer.default_root_dir", str(tmp_path / "runs"),
+    ])  # fmt: skip
+    (ckpt,) = (tmp_path / "runs").glob("runs/version_*/checkpoints/last.ckpt")
+    checkpoint = torch.load(ckpt, weights_only=True)
+    assert checkpoint["averaging_state"]["n_averaged"] == checkpoint["global_step"] == 3
