@@ -23,6 +23,7 @@ TOOLS = {
     "predict_onnx": ("project.export.predict_onnx:main", "batched inference from an exported ONNX model"),
     "cv": ("project.studies.cv:main", "k-fold cross-validation: one fit per fold, then the table"),
     "tune": ("project.studies.tune:main", "hyperparameter search with Optuna: one fit per trial"),
+    "prepare": ("project.data.prepare:main", "convert image files into litdata chunks for streaming"),
 }
 
 USAGE = "python -m project"

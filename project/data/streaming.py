@@ -1,0 +1,239 @@
+"""`StreamingImageDataModule`: images streamed from litdata chunks (`python -m project prepare`), in a local
+folder or object storage (s3://, gs://, ...), for datasets beyond one disk and runs over many nodes.
+
+litdata is an optional extra, imported only when the DataModule reads a dataset (never by importing this
+module): a fit with another DataModule does not load it.
+"""
+
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+from torch.utils.data import DataLoader
+
+from project.data.datamodule import ImageDataModule, available_cpus
+from project.data.images import MAX_IMAGE_PIXELS, decode_image
+from project.data.samplers import run_seed
+from project.errors import UserError
+
+#: The metadata file `prepare` writes last (project.data.prepare.METADATA; repeated here so that reading a
+#: dataset does not import the converter).
+METADATA = "streaming.json"
+FORMAT = 1
+
+
+class DecodeSample:
+    """litdata's per-sample transform, run in the loader workers: the stored JPEG decoded, its shorter side
+    resized to `size` and centre-cropped, as a uint8 (3, size, size) tensor with its target (int64 class, or
+    float32 multi-hot row), or with its index in the split when `index` (prediction)."""
+
+    def __init__(self, size: int, index: bool = False) -> None:
+        self.size, self.index = size, index
+
+    def __call__(self, item: dict[str, Any]) -> tuple[Tensor, Any]:
+        image = decode_image(io.BytesIO(item["image"]), self.size, MAX_IMAGE_PIXELS)
+        x = torch.from_numpy(np.ascontiguousarray(image)).permute(2, 0, 1).contiguous()
+        if self.index:
+            return x, int(item["index"])
+        target = item["target"]
+        if isinstance(target, np.ndarray | Tensor):
+            return x, torch.as_tensor(np.asarray(target), dtype=torch.float32)
+        return x, int(target)
+
+
+def read_metadata(input_dir: str) -> dict[str, Any]:
+    """The metadata of a prepared dataset at `input_dir` (a folder or a URL litdata reads); a UserError when
+    there is none (a missing folder, another kind of data, or an interrupted prepare)."""
+    if "://" not in input_dir:
+        folder = Path(input_dir).expanduser()
+        if not folder.is_dir():
+            raise UserError(f"data.input_dir {folder} does not exist or is not a directory")
+        path = folder / METADATA
+        if not path.is_file():
+            found = (
+                "an interrupted prepare (its splits without "
+                if (folder / "train").is_dir()
+                else "not a dataset "
+            )
+            raise UserError(
+                f"data.input_dir {folder} has no {METADATA}: {found}made by `python -m project prepare`); run "
+                f"prepare again with --output_dir {folder}"
+            )
+        text = path.read_text()
+    else:
+        text = _read_remote(input_dir.rstrip("/") + "/" + METADATA)
+    try:
+        meta = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise UserError(f"{input_dir}/{METADATA} is not valid JSON: {e}") from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        raise UserError(
+            f"{input_dir}/{METADATA} is not a dataset of this version of `python -m project prepare` "
+            f"(format {meta.get('format') if isinstance(meta, dict) else None}, expected {FORMAT}); prepare it again"
+        )
+    return meta
+
+
+def _read_remote(url: str) -> str:
+    """A small text file from object storage, through the same client litdata streams with (obstore)."""
+    import obstore
+    from obstore.store import from_url
+
+    prefix, _, name = url.rpartition("/")
+    try:
+        return bytes(obstore.get(from_url(prefix), name).bytes()).decode()
+    except Exception as e:  # obstore raises its own error types for missing objects, credentials, networks
+        raise UserError(f"cannot read {url}: {type(e).__name__}: {str(e).strip().splitlines()[0]}") from None
+
+
+class StreamingImageDataModule(ImageDataModule):
+    """Images streamed from a dataset prepared by `python -m project prepare`: class names, multi-label or
+    not, the splits and the training images' mean and std come from its metadata.
+
+    The loader workers read litdata's chunks (downloading them to `cache_dir` first when `input_dir` is a
+    URL), decode each JPEG, resize its shorter side to `image_size` and centre-crop it; batches leave the
+    loader as `(uint8 images (B, 3, H, W), targets)` like every DataModule's, and the on-device augmentation
+    (random crop with padding, flips, Cutout, MixUp/CutMix) follows. Every process and every worker reads its
+    own share of the chunks (litdata's sharding, from the distributed environment). The training order is
+    shuffled per epoch from the run's seed; the loader's position in the epoch is saved in every checkpoint
+    and restored on `--ckpt_path last`, so a run stopped in the middle of an epoch continues with the rest
+    of it.
+
+    Args:
+        input_dir: The prepared dataset: a local folder, or a URL litdata reads (s3://bucket/prefix, gs://...,
+            azure://...); credentials come from the usual environment (AWS_* variables, ~/.aws, ...).
+        image_size: Side of the square images the network sees.
+        cache_dir: Where chunks downloaded from a URL are kept; default: litdata's own cache folder.
+        max_cache_size: Most disk the downloaded chunks may take (e.g. "50GB"); older chunks are evicted.
+        predict_split: The split `predict` reads (`test`, `val` or `train`); default: test, else val.
+        crop_padding: Padding of the training random crop; default `image_size // 8`.
+        **kwargs: The loader and augmentation settings of `ImageDataModule` (batch_size, num_workers, ...).
+    """
+
+    def __init__(
+        self,
+        input_dir: str,
+        image_size: int = 64,
+        cache_dir: str | None = None,
+        max_cache_size: str = "100GB",
+        predict_split: str | None = None,
+        crop_padding: int | None = None,
+        **kwargs: Any,
+    ) -> None:
+        if image_size < 1:
+            raise UserError(f"data.image_size must be at least 1, got {image_size}")
+        super().__init__(crop_padding=image_size // 8 if crop_padding is None else crop_padding, **kwargs)
+        self.input_dir = input_dir if "://" in input_dir else str(Path(input_dir).expanduser())
+        self.image_size = image_size
+        self.cache_dir = cache_dir
+        self.max_cache_size = max_cache_size
+        self.meta = read_metadata(self.input_dir)
+        splits = self.meta["splits"]
+        if predict_split is not None and predict_split not in splits:
+            raise UserError(
+                f"data.predict_split {predict_split!r} is not a split of {self.input_dir} ({', '.join(splits)})"
+            )
+        self.predict_split = predict_split or ("test" if "test" in splits else "val")
+        self.mean, self.std = tuple(self.meta["mean"]), tuple(self.meta["std"])
+        self._train_loader: Any = None
+        #: A training loader's state from a checkpoint, applied to the next training loader made.
+        self._loader_state: dict[str, Any] | None = None
+
+    @property
+    def class_names(self) -> list[str]:
+        return list(self.meta["classes"])
+
+    @property
+    def multilabel(self) -> bool:
+        return bool(self.meta["multilabel"])
+
+    @property
+    def input_shape(self) -> tuple[int, int, int]:
+        return (3, self.image_size, self.image_size)
+
+    def _split_dir(self, split: str) -> str:
+        return f"{self.input_dir.rstrip('/')}/{split}"
+
+    def _dataset(self, split: str, train: bool = False, index: bool = False) -> Any:
+        from litdata import StreamingDataset
+
+        kwargs: dict[str, Any] = {}
+        if self.cache_dir is not None:
+            from litdata.streaming.resolver import Dir
+
+            kwargs["input_dir"] = Dir(path=self.cache_dir, url=self._split_dir(split))
+        else:
+            kwargs["input_dir"] = self._split_dir(split)
+        return StreamingDataset(
+            shuffle=train,
+            drop_last=train,
+            seed=run_seed(),
+            max_cache_size=self.max_cache_size,
+            transform=DecodeSample(self.image_size, index=index),
+            **kwargs,
+        )
+
+    def setup(self, stage: str) -> None:
+        # Made here, after the processes have joined: litdata reads the distributed environment when a dataset is
+        # created, to give each process its own chunks.
+        if self.train_set is None:
+            self.train_set = self._dataset("train", train=True)
+            self.val_set = self._dataset("val")
+        if stage == "test" and self.test_set is None:
+            self.test_set = self._dataset("test" if "test" in self.meta["splits"] else "val")
+        if stage == "predict" and self.predict_set is None:
+            self.predict_set = self._dataset(self.predict_split, index=True)
+            count = self.meta["splits"][self.predict_split]
+            self.predict_names = [f"{self.predict_split}/{i}" for i in range(count)]
+
+    def _streaming_loader(self, dataset: Any, train: bool = False) -> DataLoader:
+        from litdata import StreamingDataLoader
+
+        if dataset is None:
+            raise RuntimeError(f"{type(self).__name__}: call setup() first")
+        workers = min(8, available_cpus()) if self.num_workers is None else self.num_workers
+        return StreamingDataLoader(
+            dataset,
+            batch_size=self.batch_size,
+            num_workers=workers,
+            pin_memory=self.pin_memory,
+            persistent_workers=self.persistent_workers and workers > 0,
+            prefetch_factor=self.prefetch_factor if workers > 0 else None,
+            drop_last=train,
+        )
+
+    def train_dataloader(self) -> DataLoader:
+        if self.flip == "alternate":
+            raise UserError("data.flip alternate needs the images in memory: CIFAR, or data.cache true")
+        loader = self._streaming_loader(self.train_set, train=True)
+        if self._loader_state is not None:
+            loader.load_state_dict(self._loader_state)  # pyright: ignore[reportAttributeAccessIssue]
+            self._loader_state = None
+        self._train_loader = loader
+        return loader
+
+    def val_dataloader(self) -> DataLoader:
+        return self._streaming_loader(self.val_set)
+
+    def test_dataloader(self) -> DataLoader:
+        return self._streaming_loader(self.test_set)
+
+    def predict_dataloader(self) -> DataLoader:
+        return self._streaming_loader(self.predict_set)
+
+    def state_dict(self) -> dict[str, Any]:
+        # The training loader's position rides in the DataModule's checkpoint entry, which Lightning restores
+        # before it asks for the loader: the fit loop's own copy of a loader state is not handed back to a
+        # StreamingDataLoader on resume.
+        state = super().state_dict()
+        if self._train_loader is not None:
+            state["stream_loader"] = self._train_loader.state_dict()
+        return state
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        super().load_state_dict(state_dict)
+        self._loader_state = state_dict.get("stream_loader")
