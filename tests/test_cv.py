@@ -19,7 +19,8 @@ from project.data import CIFARDataModule, ImageFolderDataModule
 from project.data.folds import fold_split, stratified_folds
 from project.data.image_cache import channel_mean_std
 from project.errors import UserError
-from project.studies.cv import continues_alike, fold_numbers, parse_args, summarize
+from project.studies.cv import continues_alike, fold_numbers, parse_args
+from project.studies.cv_results import summarize
 from project.studies.runner import SETTINGS_FILE, claim_folder
 from tests.conftest import run_cli
 from tests.study_runs import tiny_fit_args, tiny_folder

@@ -113,7 +113,7 @@ def test_a_command_line_is_recorded_without_passwords_or_secret_settings(monkeyp
 
 
 def test_the_studys_own_wandb_run_does_not_record_the_database_password(tmp_path, monkeypatch):
-    from project.studies.runner import log_table
+    from project.studies.tables import log_table
 
     monkeypatch.setattr(sys, "argv", ["-m", "tune", "--storage", f"postgresql://tuner:{PASSWORD}@db/x"])
     monkeypatch.delenv("WANDB_MODE", raising=False)
@@ -191,7 +191,7 @@ def test_a_trial_two_workers_asked_for_at_once_is_given_back_unrun(tmp_path):
     import optuna
     from optuna.trial import TrialState
 
-    from project.studies.tune import Surplus, give_back_if_surplus
+    from project.studies.trial_states import Surplus, give_back_if_surplus
 
     study = optuna.create_study(storage=f"sqlite:///{tmp_path / 'study.db'}")
     first, second = study.ask(), study.ask()  # two workers, each with a trial of its own

@@ -22,9 +22,10 @@ from optuna.storages import RetryHeartbeatStaleTrialCallback
 from optuna.trial import TrialState
 
 from project.cli import ProjectCLI, fit_parser, main
-from project.studies.search import as_flags, load_search
+from project.studies.search import as_flags, check_search, load_search
 from project.studies.trial_pruning import PRUNED_ATTR, STORAGE_ENV, TrialPruning
-from project.studies.tune import check_search, parse_args, write_study
+from project.studies.tune import parse_args
+from project.studies.tune_results import write_study
 from tests.conftest import CONFIGS, ROOT, run_cli, subprocess_env
 from tests.study_runs import tiny_fit_args, tiny_folder
 

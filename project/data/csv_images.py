@@ -1,14 +1,14 @@
-"""`ImageCSVDataModule`: images anywhere, their labels in a CSV (one row per image: path, label or tags)."""
+"""`ImageCSVDataModule`: images anywhere, their labels in a CSV (one row per image: path, label or tags).
 
-import csv
-import hashlib
-import io
-import os
+What a row's labels mean is here; reading the CSV and finding the files it names is project.data.csv_files.
+"""
+
 from pathlib import Path
 from typing import Any
 
+from project.data.csv_files import FileFinder, cell, column, existing_file, read_csv
 from project.data.image_files import ImageFilesDataModule
-from project.data.images import IMAGE_EXTENSIONS, Label, LabelledFiles
+from project.data.images import Label, LabelledFiles
 from project.errors import UserError, warn
 
 #: The values of a label column (`label_columns`) that say an image has, or has not, its tag.
@@ -61,11 +61,11 @@ class ImageCSVDataModule(ImageFilesDataModule):
         label_columns: list[str] | None = None,
         **kwargs: Any,
     ) -> None:
-        self.csvs = {"train": _existing(csv, "data.csv")}
+        self.csvs = {"train": existing_file(csv, "data.csv")}
         for split, path, key in (("val", val_csv, "data.val_csv"), ("test", test_csv, "data.test_csv")):
             if path is not None:
-                self.csvs[split] = _existing(path, key)
-        self.predict_csv = _existing(predict_csv, "data.predict_csv") if predict_csv else None
+                self.csvs[split] = existing_file(path, key)
+        self.predict_csv = existing_file(predict_csv, "data.predict_csv") if predict_csv else None
         self.images = Path(images).expanduser().resolve() if images else self.csvs["train"].resolve().parent
         if not self.images.is_dir():
             raise UserError(f"data.images {self.images} does not exist or is not a directory")
@@ -90,19 +90,17 @@ class ImageCSVDataModule(ImageFilesDataModule):
             return None
         path = self.csvs[split]
         header, rows, digest = read_csv(path)
-        path_at = self._column(path, header, self.path_column, 0, "data.path_column")
+        path_at = column(path, header, self.path_column, 0, "data.path_column")
         if self.label_columns is not None:
-            label_at = [
-                self._column(path, header, name, None, "data.label_columns") for name in self.label_columns
-            ]
+            label_at = [column(path, header, name, None, "data.label_columns") for name in self.label_columns]
         else:
-            label_at = [self._column(path, header, self.label_column, 1, "data.label_column")]
+            label_at = [column(path, header, self.label_column, 1, "data.label_column")]
         files, stamps, written, row_numbers = [], [], [], []  # written: each label as the CSV spells it
         position: dict[str, int] = {}  # file -> its place in `files`
         missing: list[tuple[int, str]] = []
         repeated: list[int] = []
         for row, cells in rows:
-            value = _cell(path, row, cells, path_at, header)
+            value = cell(path, row, cells, path_at, header)
             if not value:
                 raise UserError(f"{path} row {row}: the image path is empty")
             found = self._finder.find(value)
@@ -155,7 +153,7 @@ class ImageCSVDataModule(ImageFilesDataModule):
         self, path: Path, header: list[str], row: int, cells: list[str], at: list[int]
     ) -> str | tuple[str, ...]:
         """A row's label (single-label) or its tags (multi-label), as written; `at`: the label column(s)."""
-        values = [_cell(path, row, cells, i, header) for i in at]
+        values = [cell(path, row, cells, i, header) for i in at]
         if self.label_columns is not None:
             for name, value in zip(self.label_columns, values, strict=True):
                 if value not in ONE | ZERO:
@@ -197,21 +195,6 @@ class ImageCSVDataModule(ImageFilesDataModule):
             labels.append(tuple(index[t] for t in label) if self.multilabel else index[label])
         return labels
 
-    def _column(self, path: Path, header: list[str], name: str | None, default: int | None, key: str) -> int:
-        if name is None:
-            assert default is not None
-            if default >= len(header):
-                raise UserError(
-                    f"{path} row 1 (the header) has {len(header)} column(s) ({', '.join(header)}); expected at least "
-                    f"{default + 1}: the image path, then its label"
-                )
-            return default
-        if name not in header:
-            raise UserError(
-                f"{path} has no column {name!r} ({key}); row 1 (the header) has: {', '.join(header)}"
-            )
-        return header.index(name)
-
     def _warn_overlap(self, path: Path, files: list[str], rows: list[int]) -> None:
         """A warning when a validation or test CSV lists training images: their scores would flatter the model."""
         training = set(self.train_files)
@@ -235,83 +218,14 @@ class ImageCSVDataModule(ImageFilesDataModule):
         if self.predict_csv is None:
             return super().predict_files()
         header, rows, _ = read_csv(self.predict_csv)
-        at = self._column(self.predict_csv, header, self.path_column, 0, "data.path_column")
+        at = column(self.predict_csv, header, self.path_column, 0, "data.path_column")
         files = []
         for row, cells in rows:
-            found = self._finder.find(value := _cell(self.predict_csv, row, cells, at, header))
+            found = self._finder.find(value := cell(self.predict_csv, row, cells, at, header))
             if not isinstance(found, tuple):
                 raise UserError(f"{self.predict_csv} row {row}: no single image {value!r} in {self.images}")
             files.append(Path(found[0]))
         return files
-
-
-def read_csv(path: Path) -> tuple[list[str], list[tuple[int, list[str]]], str]:
-    """(header, [(row number, cells)], sha256 of the bytes) of a UTF-8 CSV; blank rows count but are skipped.
-    A UserError for a CSV that is not UTF-8 or has no rows below its header."""
-    data = path.read_bytes()
-    try:
-        text = data.decode("utf-8-sig")  # Excel's "CSV UTF-8" starts with a byte-order mark
-    except UnicodeDecodeError as e:
-        row = data[: e.start].count(b"\n") + 1
-        raise UserError(
-            f"{path} row {row} is not UTF-8 text (bytes {data[e.start : e.start + 4]!r}): save the CSV as UTF-8 "
-            '("CSV UTF-8" in a spreadsheet)'
-        ) from None
-    records = [(n, [c.strip() for c in cells]) for n, cells in enumerate(csv.reader(io.StringIO(text)), 1)]
-    records = [(n, cells) for n, cells in records if any(cells)]
-    if len(records) < 2:
-        raise UserError(
-            f"{path} has {'no rows' if not records else 'a header row only'}: expected a header (path,label), "
-            "then one row per image"
-        )
-    return records[0][1], records[1:], hashlib.sha256(data).hexdigest()[:16]
-
-
-class FileFinder:
-    """Image files under `root` by the path a CSV gives, with or without extension: each folder listed once."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = str(root)
-        #: folder -> (its file names, image names by name without extension)
-        self.folders: dict[str, tuple[set[str], dict[str, list[str]]]] = {}
-
-    def find(self, relative: str) -> tuple[str, tuple[int, int]] | list[str] | None:
-        """(absolute path, (size, mtime)) of the file, the candidates when several images share the name
-        without extension, or None when there is no such file."""
-        folder, name = os.path.split(os.path.normpath(os.path.join(self.root, relative)))
-        if folder not in self.folders:
-            try:
-                with os.scandir(folder) as entries:
-                    names = {e.name for e in entries if e.is_file()}
-            except OSError:  # no such folder: the files in it are missing
-                names = set()
-            stems: dict[str, list[str]] = {}
-            for n in sorted(names):
-                if n.lower().endswith(IMAGE_EXTENSIONS):
-                    stems.setdefault(os.path.splitext(n)[0], []).append(n)
-            self.folders[folder] = (names, stems)
-        names, stems = self.folders[folder]
-        found = [name] if name in names else stems.get(name, [])
-        if len(found) != 1:
-            return found or None
-        path = os.path.join(folder, found[0])
-        st = os.stat(path)
-        return path, (st.st_size, st.st_mtime_ns)
-
-
-def _existing(path: str, key: str) -> Path:
-    file = Path(path).expanduser()
-    if not file.is_file():
-        raise UserError(f"{key} {file} does not exist or is not a file")
-    return file
-
-
-def _cell(path: Path, row: int, cells: list[str], at: int, header: list[str]) -> str:
-    if at >= len(cells):
-        raise UserError(
-            f"{path} row {row} has {len(cells)} cell(s); the header names {len(header)} ({', '.join(header)})"
-        )
-    return cells[at]
 
 
 def _show(label: str | tuple[str, ...]) -> str:

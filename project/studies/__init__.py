@@ -2,7 +2,8 @@
 
 Each run is `python -m project fit` in a subprocess, with the user's configs and flags passed through
 unchanged, in its own folder under `trainer.default_root_dir`: every preset and flag of `fit` works inside a
-fold or a trial. `runner` holds what both need (argument splitting, the fit subprocess, resumable folders,
-result tables); `cv`, `tune`, `search` (search files) and `pruning` (the callback inside a trial's fit)
-build on it. This is a tool layer: it imports the CLI, data, run and io layers, and nothing imports it.
+fold or a trial. `runner` holds what both need (argument splitting, the fit subprocess, resumable folders)
+and `tables` their result tables; `cv` (with `cv_results`), `tune` (with `trial_states` and `tune_results`),
+`search` (search files), `storage` (the study's database) and `trial_pruning` (the callback inside a trial's
+fit) build on them. This is a tool layer: it imports the CLI, data, run and io layers, and nothing imports it.
 """

@@ -20,49 +20,45 @@ continue the study only where that leaves every fold trained alike, so the folds
   the error names those fold folders: deleting them trains them anew with the new settings.
 
 Settings that keep a fold from producing its result (no validation, no best checkpoint, no `last.ckpt`) are
-refused before the first fold trains.
+refused before the first fold trains. The folds' results, their summary and the report are
+project.studies.cv_results.
 """
 
 import json
 import math
 import signal
-import statistics
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import torch
 import yaml
 
 from project.atomic_files import atomic_write_text, check_writable
 from project.errors import UserError, warn
 from project.run.resume import MAY_CHANGE
 from project.run.run_folder import DEFAULT_ROOT_DIR
-from project.studies.evaluate import Evaluation, evaluate, load_best
+from project.studies.cv_results import (
+    RESULT_FILE,
+    fold_result,
+    metrics_of,
+    report,
+    summarize,
+    test_ensemble_result,
+)
 from project.studies.runner import (
     check_produces_metric,
     claim_folder,
     config_stem,
     folder_lock,
-    log_table,
-    markdown_table,
     parse_fit_args,
     read_json,
     run_fit,
     setting_name,
     shown,
     wandb_env,
-    write_results,
 )
-
-RESULT_FILE = "fold_result.json"
-
-
-def metrics_of(results: list[dict[str, Any]]) -> tuple[str, str]:
-    """The folds' figures: their quality (`val/acc`, or `val/map` for a multi-label task), and `val/loss`."""
-    return ("val/map" if "val/map" in results[0] else "val/acc", "val/loss")
-
+from project.studies.tables import log_table, write_results
 
 #: The recorded settings (flattened) that say how long each fold trains.
 LENGTH = tuple(f"fit.{key}" for key in MAY_CHANGE if key.startswith("trainer."))
@@ -131,83 +127,6 @@ def continues_alike(study_dir: Path) -> Callable[[dict[str, Any], dict[str, Any]
     return accept
 
 
-def fold_result(fold_dir: Path, fold: int) -> dict[str, Any]:
-    """The fold's best checkpoint evaluated on its validation fold."""
-    best = load_best(fold_dir)
-    result = evaluate(best, "val")
-    return {
-        "fold": fold,
-        f"val/{result.score_name}": result.score,
-        "val/loss": result.loss,
-        "epoch": best.epoch,
-        "val_images": len(result.targets),
-        "class_acc": result.per_class(best.datamodule.class_names),
-        "monitored_best": best.recorded_score,
-        "checkpoint": str(best.ckpt_path.absolute()),
-    }
-
-
-def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
-    """Mean and sample standard deviation over the folds of each metric, and each class's mean accuracy."""
-    summary: dict[str, Any] = {"folds": len(results)}
-    for key in (*metrics_of(results), "epoch"):
-        values = [float(r[key]) for r in results]
-        summary[key] = {"mean": statistics.fmean(values), "std": statistics.stdev(values)}
-    names = list(results[0]["class_acc"])
-    summary["class_acc"] = {
-        name: statistics.fmean(r["class_acc"][name] for r in results if r["class_acc"][name] is not None)
-        for name in names
-    }
-    return summary
-
-
-def test_ensemble_result(fold_dirs: list[Path]) -> dict[str, Any]:
-    """Test accuracy of each fold's best model, and of their average (the mean of their softmax outputs)."""
-    singles, probs, targets, name = [], None, None, "acc"
-    for fold_dir in fold_dirs:
-        evaluation = evaluate(load_best(fold_dir), "test")
-        singles.append(evaluation.score)
-        name = evaluation.score_name
-        probs = evaluation.probs if probs is None else probs + evaluation.probs
-        if targets is not None and not torch.equal(targets, evaluation.targets):
-            raise UserError(f"the test split of {fold_dir} differs from the other folds' test split")
-        targets = evaluation.targets
-    assert probs is not None and targets is not None  # cv always has at least 2 folds (fold_numbers)
-    ensemble = Evaluation(probs / len(fold_dirs), targets, float("nan")).score
-    return {
-        f"test/{name}_ensemble": ensemble,
-        f"test/{name}_single": {"mean": statistics.fmean(singles), "std": statistics.stdev(singles)},
-        f"test/{name}_per_fold": singles,
-        "test_images": len(targets),
-    }
-
-
-def report(results: list[dict[str, Any]], summary: dict[str, Any], ensemble: dict[str, Any] | None) -> str:
-    score, loss = metrics_of(results)
-    columns = ["fold", score, loss, "best epoch", "val images"]
-    rows = [[r["fold"], r[score], r[loss], r["epoch"], r["val_images"]] for r in results]
-    rows.append(
-        ["mean ± std", *(f"{summary[k]['mean']:.4f} ± {summary[k]['std']:.4f}" for k in (score, loss))]
-    )
-    rows[-1] += [f"{summary['epoch']['mean']:.1f} ± {summary['epoch']['std']:.1f}", ""]
-    text = markdown_table(columns, rows)
-    per = (
-        ("tag", "val/ap", "Per-tag validation average precision")
-        if score == "val/map"
-        else ("class", "val/acc", "Per-class validation accuracy")
-    )
-    text += f"\n{per[2]}, mean over folds:\n\n"
-    text += markdown_table(list(per[:2]), list(summary["class_acc"].items()))
-    if ensemble is not None:
-        name = score.removeprefix("val/")
-        single = ensemble[f"test/{name}_single"]
-        text += (
-            f"\nTest split ({ensemble['test_images']} images): ensemble of the {len(results)} folds' best models "
-            f"{ensemble[f'test/{name}_ensemble']:.4f}; single folds {single['mean']:.4f} ± {single['std']:.4f}\n"
-        )
-    return text
-
-
 def cv(
     fit_args: list[str],
     folds: int = 5,
@@ -245,7 +164,9 @@ def cv(
     check_produces_metric(config, "the cross-validation", monitor, needs_best_checkpoint=True)
     datamodule = build_datamodule(config)  # the data's checks (class counts, a val folder) before any fold
     # Class folders may lack `root/test` (testing then falls back to validation); CIFAR's is the official one.
-    has_split = getattr(datamodule, "has_split", None)  # image-file sources; CIFAR has its official test split
+    has_split = getattr(
+        datamodule, "has_split", None
+    )  # image-file sources; CIFAR has its official test split
     if test_ensemble and has_split is not None and not has_split("test"):
         warn("--test_ensemble: the data has no test split, so there is no ensemble to evaluate")
         test_ensemble = False

@@ -1,4 +1,5 @@
-"""What `cv` and `tune` share: their command lines, the `fit` subprocess, resumable folders and result tables.
+"""What `cv` and `tune` share: their command lines, the `fit` subprocess and resumable folders (their result
+tables are project.studies.tables).
 
 A study's command line is the tool's own flags plus everything else, which goes to every `fit` unchanged (in
 its order: later `--config` files and flags win, as in `fit`). Each fit runs as `python -m project fit` in
@@ -22,7 +23,7 @@ from typing import Any
 
 from jsonargparse import Namespace
 
-from project.atomic_files import atomic_write_text, staged_outputs
+from project.atomic_files import atomic_write_text
 from project.errors import UserError
 from project.run.interrupts import STUDY_RUN_ENV
 
@@ -242,62 +243,3 @@ def run_fit(
 def wandb_env(group: str, name: str, job_type: str) -> dict[str, str]:
     """W&B's own variables: every W&B logger of the fit (whatever the config) joins the group, named `name`."""
     return {"WANDB_RUN_GROUP": group, "WANDB_NAME": name, "WANDB_JOB_TYPE": job_type}
-
-
-# -- results ---------------------------------------------------------------------------------------------------
-def _cell(value: Any) -> str:
-    if isinstance(value, float):  # metrics to 4 decimals; learning rates and the like keep their digits
-        return f"{value:.4f}" if value == 0 or 1e-3 <= abs(value) < 1e4 else f"{value:.3e}"
-    return str(value).replace("|", "\\|")
-
-
-def markdown_table(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
-    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    return "\n".join(lines + ["| " + " | ".join(_cell(v) for v in row) + " |" for row in rows]) + "\n"
-
-
-def write_results(
-    folder: Path, stem: str, markdown: str, payload: dict[str, Any], extra: dict[str, str]
-) -> None:
-    """`<stem>.md`, `<stem>.json` and the `extra` files (name -> text) in `folder`, all or none."""
-    with staged_outputs(folder) as staging:
-        (staging / f"{stem}.md").write_text(markdown)
-        (staging / f"{stem}.json").write_text(json.dumps(payload, indent=2) + "\n")
-        for name, text in extra.items():
-            (staging / name).write_text(text)
-
-
-def log_table(
-    key: str,
-    columns: Sequence[str],
-    rows: Sequence[Sequence[Any]],
-    summary: dict[str, Any],
-    folder: Path,
-    project: str,
-    group: str,
-    job_type: str,
-) -> str:
-    """Log a table (and summary values) to a W&B run in `group`; offline unless WANDB_MODE says otherwise, like
-    the training runs. Returns the run's folder."""
-    import wandb
-
-    from project.run.provenance import redacted_argv
-
-    with redacted_argv():  # wandb records the command line (a storage URL's password) in the run's metadata
-        run = wandb.init(
-            project=project,
-            dir=str(folder),
-            group=group,
-            job_type=job_type,
-            name=f"{group}-{job_type}",
-            # WANDB_MODE, when set, wandb reads and checks itself (its older names `dryrun` and `run` included).
-            mode=None if "WANDB_MODE" in os.environ else "offline",
-            reinit="finish_previous",
-        )
-    try:
-        table = wandb.Table(columns=list(columns), data=[list(row) for row in rows], allow_mixed_types=True)
-        run.log({key: table})
-        run.summary.update(summary)
-        return str(run.dir)
-    finally:
-        run.finish()

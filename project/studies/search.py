@@ -12,17 +12,20 @@ task monitors (`ImageTask.monitor`: `val/acc_best` for `ImageClassifier`), in th
     model.net: {type: categorical, choices: [SimpleCNN, CIFARResNet]}
 
 The distributions are Optuna's own (`FloatDistribution`, `IntDistribution`, `CategoricalDistribution`), so
-their rules (low <= high, log needs low > 0 and no step, ...) are Optuna's. A bad file names the key at fault.
+their rules (low <= high, log needs low > 0 and no step, ...) are Optuna's. A bad file names the key at fault,
+and so does a value `fit` would refuse (`check_search`, before any trial trains). `suggest` draws a trial's values.
 """
 
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+import optuna
 import yaml
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 
 from project.errors import UserError
+from project.studies.runner import parse_fit_args
 
 Direction = Literal["maximize", "minimize"]
 DIRECTIONS: tuple[Direction, ...] = ("maximize", "minimize")
@@ -146,3 +149,52 @@ def flag_value(value: Any) -> str:
 
 def as_flags(params: dict[str, Any]) -> list[str]:
     return [a for key, value in params.items() for a in (f"--{key}", flag_value(value))]
+
+
+def suggest(trial: optuna.Trial, space: SearchSpace) -> dict[str, Any]:
+    params = {}
+    for key, dist in space.params.items():
+        if isinstance(dist, optuna.distributions.CategoricalDistribution):
+            params[key] = trial.suggest_categorical(key, dist.choices)
+        elif isinstance(dist, optuna.distributions.IntDistribution):
+            params[key] = trial.suggest_int(key, dist.low, dist.high, step=dist.step, log=dist.log)
+        else:
+            params[key] = trial.suggest_float(key, dist.low, dist.high, step=dist.step, log=dist.log)
+    return params
+
+
+def _refused(fit_args: list[str], values: dict[str, Any]) -> str | None:
+    """Why `fit` refuses these parameter values: its parser, then the `__init__` of the sections they set (a
+    task's or DataModule's own range checks, such as label_smoothing in [0, 1)); None if it accepts them."""
+    from project.cli.config import instantiate_section
+    from project.data import ImageDataModule
+    from project.lit import ImageTask
+
+    try:
+        _, config = parse_fit_args([*fit_args, *as_flags(values)])
+        sections = {key.split(".", 1)[0] for key in values}
+        if "model" in sections:
+            instantiate_section("model", ImageTask, config.model)
+        if "data" in sections:
+            instantiate_section("data", ImageDataModule, config.data)
+    except UserError as e:
+        return str(e)
+    except Exception as e:  # a check in an __init__ that raises a plain error: its own words
+        lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+        listed = [line[2:] for line in lines if line.startswith("- ")]
+        return (listed or lines or [type(e).__name__])[0]
+    return None
+
+
+def check_search(fit_args: list[str], space: SearchSpace) -> None:
+    """Every parameter's bounds and choices through `fit`'s parser and the `__init__` of what they set: a bad
+    key or value names the search file, before any trial trains."""
+    for values in samples(space):
+        why = _refused(fit_args, values)
+        if why is None:
+            continue
+        for key, value in values.items():  # name the value: the first refusal may not
+            alone = _refused(fit_args, {key: value})
+            if alone is not None:
+                raise UserError(f"search file {space.source}: {key}={value!r} is refused: {alone}")
+        raise UserError(f"search file {space.source}: {why}")

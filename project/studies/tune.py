@@ -11,21 +11,21 @@ is marked INTERRUPTED and continued by a new trial with its parameters, folder a
 checkpoint; a trial whose worker died stops sending Optuna's heartbeat, is marked failed once the grace period
 has passed, and is continued the same way (`--retries` times). `trials.md`, `trials.json` and
 `best_config.yaml` are written from the storage's state, whole and one worker at a time.
+
+The trials' states and how a stopped one is continued are in project.studies.trial_states; what the study
+writes is in project.studies.tune_results.
 """
 
-import fcntl
 import json
 import logging
 import signal
 import sys
 import threading
-import warnings
 from pathlib import Path
 from typing import Any
 
 import optuna
 import yaml
-from optuna.trial import TrialState
 
 from project.atomic_files import check_writable
 from project.errors import UserError
@@ -36,15 +36,12 @@ from project.studies.runner import (
     Interrupted,
     check_produces_metric,
     claim_folder,
-    log_table,
-    markdown_table,
     parse_fit_args,
     run_fit,
     wandb_env,
-    write_results,
 )
-from project.studies.search import SearchSpace, as_flags, load_search, samples
-from project.studies.storage import database_error, lost, open_storage
+from project.studies.search import as_flags, check_search, load_search, suggest
+from project.studies.storage import database_error, lost
 from project.studies.trial_pruning import (
     METRIC_MISSING_ATTR,
     PRUNED_ATTR,
@@ -53,10 +50,17 @@ from project.studies.trial_pruning import (
     Pruner,
     make_pruner,
 )
-
-FINISHED = (TrialState.COMPLETE, TrialState.PRUNED)
-#: The user attribute of a trial stopped by Ctrl-C or SIGTERM (its fit saved last.ckpt; a new trial continues it).
-INTERRUPTED_ATTR = "interrupted"
+from project.studies.trial_states import (
+    INTERRUPTED_ATTR,
+    StopAfterFailures,
+    Surplus,
+    give_back_if_surplus,
+    interrupted,
+    open_study,
+    trial_result,
+    trials_taken,
+)
+from project.studies.tune_results import write_study
 
 
 def _database_errors_said_once(hook: Any) -> Any:
@@ -82,182 +86,6 @@ def _optuna_says_one_line(record: logging.LogRecord) -> bool:
     return True
 
 
-class StopAfterFailures:
-    """An Optuna callback that stops the study after `limit` failed trials in a row (a bug, not bad luck)."""
-
-    def __init__(self, limit: int) -> None:
-        self.limit, self.in_a_row, self.stopped = limit, 0, False
-
-    def __call__(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
-        self.in_a_row = self.in_a_row + 1 if trial.state == TrialState.FAIL else 0
-        if self.in_a_row >= self.limit:
-            self.stopped = True
-            study.stop()
-
-
-def suggest(trial: optuna.Trial, space: SearchSpace) -> dict[str, Any]:
-    params = {}
-    for key, dist in space.params.items():
-        if isinstance(dist, optuna.distributions.CategoricalDistribution):
-            params[key] = trial.suggest_categorical(key, dist.choices)
-        elif isinstance(dist, optuna.distributions.IntDistribution):
-            params[key] = trial.suggest_int(key, dist.low, dist.high, step=dist.step, log=dist.log)
-        else:
-            params[key] = trial.suggest_float(key, dist.low, dist.high, step=dist.step, log=dist.log)
-    return params
-
-
-def _refused(fit_args: list[str], values: dict[str, Any]) -> str | None:
-    """Why `fit` refuses these parameter values: its parser, then the `__init__` of the sections they set (a
-    task's or DataModule's own range checks, such as label_smoothing in [0, 1)); None if it accepts them."""
-    from project.cli.config import instantiate_section
-    from project.data import ImageDataModule
-    from project.lit import ImageTask
-
-    try:
-        _, config = parse_fit_args([*fit_args, *as_flags(values)])
-        sections = {key.split(".", 1)[0] for key in values}
-        if "model" in sections:
-            instantiate_section("model", ImageTask, config.model)
-        if "data" in sections:
-            instantiate_section("data", ImageDataModule, config.data)
-    except UserError as e:
-        return str(e)
-    except Exception as e:  # a check in an __init__ that raises a plain error: its own words
-        lines = [line.strip() for line in str(e).splitlines() if line.strip()]
-        listed = [line[2:] for line in lines if line.startswith("- ")]
-        return (listed or lines or [type(e).__name__])[0]
-    return None
-
-
-def check_search(fit_args: list[str], space: SearchSpace) -> None:
-    """Every parameter's bounds and choices through `fit`'s parser and the `__init__` of what they set: a bad
-    key or value names the search file, before any trial trains."""
-    for values in samples(space):
-        why = _refused(fit_args, values)
-        if why is None:
-            continue
-        for key, value in values.items():  # name the value: the first refusal may not
-            alone = _refused(fit_args, {key: value})
-            if alone is not None:
-                raise UserError(f"search file {space.source}: {key}={value!r} is refused: {alone}")
-        raise UserError(f"search file {space.source}: {why}")
-
-
-def trial_result(study: optuna.Study, number: int) -> optuna.trial.FrozenTrial:
-    """The trial as its fit left it in the storage (read afresh: the fit is another process)."""
-    return next(t for t in study.get_trials(deepcopy=False) if t.number == number)
-
-
-def heartbeat_ages(study: optuna.Study) -> dict[int, float]:
-    """Seconds since each running trial's last heartbeat (trial number -> age), by the database's clock."""
-    storage = study._storage
-    if not isinstance(storage, optuna.storages.RDBStorage):
-        return {}
-    import sqlalchemy
-    from optuna.storages._rdb import models
-
-    ages = {}
-    with lost(storage.url, f"the study {study.study_name}"):
-        session = storage.scoped_session()
-        try:
-            now = session.execute(sqlalchemy.func.now()).scalar()
-            running = (
-                session.query(models.TrialModel)
-                .filter(models.TrialModel.state == TrialState.RUNNING)
-                .filter(models.TrialModel.study_id == study._study_id)
-                .all()
-            )
-            for trial in running:
-                if trial.heartbeats and now is not None:
-                    beat = trial.heartbeats[0].heartbeat
-                    ages[trial.number] = (
-                        now.replace(tzinfo=None) - beat.replace(tzinfo=None)
-                    ).total_seconds()
-        finally:
-            session.close()
-    return ages
-
-
-def state_label(
-    trial: optuna.trial.FrozenTrial, trials: list[optuna.trial.FrozenTrial], ages: dict[int, float]
-) -> str:
-    """The trial's state as it is: a trial stopped by Ctrl-C or whose worker died says so and names the trial
-    that continues it; a running one says how old its last heartbeat is (its worker may be gone)."""
-    later = [t.number for t in trials if t.system_attrs.get("retry_history", [])[-1:] == [trial.number]]
-    continued = f", continued by trial {later[0]}" if later else ""
-    if trial.state == TrialState.FAIL and trial.user_attrs.get(INTERRUPTED_ATTR):
-        return f"INTERRUPTED{continued}"
-    if trial.state == TrialState.FAIL and later:
-        return f"FAIL (its worker stopped){continued}"
-    if trial.state == TrialState.RUNNING and trial.number in ages:
-        return f"RUNNING (last heartbeat {ages[trial.number]:.0f} s ago)"
-    history = trial.system_attrs.get("retry_history", [])
-    if trial.state == TrialState.WAITING and history:
-        return f"WAITING (continues trial {history[-1]} when tune runs again)"
-    return trial.state.name
-
-
-def results(
-    study: optuna.Study, space: SearchSpace
-) -> tuple[list[str], list[list[Any]], list[dict[str, Any]]]:
-    """(columns, Markdown rows, JSON records) of every trial, the finished ones best first."""
-    sign = -1 if space.direction == "maximize" else 1
-    order = {TrialState.COMPLETE: 0, TrialState.PRUNED: 1}
-    # (A trial given back unrun, with nothing of its own yet, is not one of the study's trials.)
-    every = [t for t in study.get_trials(deepcopy=False) if t.state != TrialState.WAITING or t.params]
-    ages = heartbeat_ages(study)
-    trials = sorted(
-        every,
-        key=lambda t: (order.get(t.state, 2), sign * t.value if t.value is not None else 0, t.number),
-    )
-    records = [
-        {
-            "trial": t.number,
-            "state": state_label(t, every, ages),
-            space.metric: t.value,
-            "params": t.params,
-            "validations": len(t.intermediate_values),
-            "folder": t.user_attrs.get("folder"),
-        }
-        for t in trials
-    ]
-    columns = ["trial", "state", space.metric, *space.params, "validations", "folder"]
-    rows = [
-        [r["trial"], r["state"], r[space.metric], *(r["params"].get(k) for k in space.params)]
-        + [r["validations"], r["folder"]]
-        for r in records
-    ]
-    return columns, rows, records
-
-
-def open_study(
-    name: str, url: str, space: SearchSpace, pruner: optuna.pruners.BasePruner, settings: dict[str, Any]
-) -> optuna.Study:
-    """The study in its storage (created on first use); a storage that cannot be opened is one UserError."""
-    with warnings.catch_warnings():  # the heartbeat and its retry callback are marked experimental
-        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        retry = optuna.storages.RetryHeartbeatStaleTrialCallback(
-            settings["retries"], inherit_intermediate_values=True
-        )
-    storage = open_storage(
-        url,
-        heartbeat_interval=settings["heartbeat_interval"],
-        grace_period=settings["grace_period"],
-        heartbeat_stale_trial_callback=retry,
-    )
-    sampler = optuna.samplers.TPESampler(seed=settings["seed"], n_startup_trials=settings["startup_trials"])
-    with lost(url, f"the study {name}"):
-        return optuna.create_study(
-            storage=storage,
-            study_name=name,
-            sampler=sampler,
-            pruner=pruner,
-            direction=space.direction,
-            load_if_exists=True,
-        )
-
-
 def _remove_new_study_folder(study_dir: Path, created: Path) -> None:
     """Undo what this command made of a new study folder (its recorded settings), and the folders above it it
     created, each only while empty: another worker may have started there meanwhile."""
@@ -269,43 +97,6 @@ def _remove_new_study_folder(study_dir: Path, created: Path) -> None:
             return
         if folder == created:
             return
-
-
-def trials_taken(study: optuna.Study) -> int:
-    """Trials that count towards `n_trials` now: finished ones and those running in some worker (a trial
-    whose worker died, once its grace period has passed, is failed here and queued to be continued)."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        optuna.storages.fail_stale_trials(study)
-    return len(study.get_trials(deepcopy=False, states=(*FINISHED, TrialState.RUNNING)))
-
-
-class Surplus(SystemExit):
-    """The trial just asked for is one more than `n_trials`: another worker asked at the same moment. Given
-    back to the study as WAITING, unrun (not an `Exception`: Optuna records nothing for it)."""
-
-
-def give_back_if_surplus(study: optuna.Study, trial: optuna.Trial, n_trials: int) -> None:
-    """Trials are numbered in the order the database hands them out: if `n_trials` lower-numbered ones are
-    finished or running, this one is not needed, goes back to the queue (a later, larger study may run it),
-    and `Surplus` ends this worker's loop."""
-    taken = study.get_trials(deepcopy=False, states=(*FINISHED, TrialState.RUNNING))
-    if sum(t.number < trial.number for t in taken) >= n_trials:
-        study._storage.set_trial_state_values(trial._trial_id, TrialState.WAITING)
-        raise Surplus(0)
-
-
-def interrupted(study: optuna.Study, trial: optuna.Trial) -> None:
-    """Record a trial stopped by Ctrl-C or SIGTERM (its fit saved last.ckpt) as such, and queue a trial with
-    its parameters, folder and reports, which continues it from that checkpoint on the next run."""
-    storage = study._storage
-    storage.set_trial_user_attr(trial._trial_id, INTERRUPTED_ATTR, True)
-    storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        retry = optuna.storages.RetryHeartbeatStaleTrialCallback(None, inherit_intermediate_values=True)
-    frozen = storage.get_trial(trial._trial_id)
-    retry(study, frozen)
 
 
 def tune(
@@ -452,56 +243,6 @@ def tune(
     finally:
         optuna_log.removeFilter(_optuna_says_one_line)
         threading.excepthook = thread_hook
-
-
-def write_study(
-    study: optuna.Study,
-    space: SearchSpace,
-    parser: Any,
-    fit_args: list[str],
-    study_dir: Path,
-    wandb: bool,
-    wandb_project: str,
-) -> dict[str, Any]:
-    """The trials table (`trials.md`, `trials.json`) and the best trial's complete config (`best_config.yaml`),
-    from the storage's state, under a lock: workers sharing the folder write them one at a time, each whole, so
-    the last writer leaves the complete table."""
-    study_dir.mkdir(parents=True, exist_ok=True)
-    with open(study_dir / ".results.lock", "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
-        return _write_study(study, space, parser, fit_args, study_dir, wandb, wandb_project)
-
-
-def _write_study(
-    study: optuna.Study,
-    space: SearchSpace,
-    parser: Any,
-    fit_args: list[str],
-    study_dir: Path,
-    wandb: bool,
-    wandb_project: str,
-) -> dict[str, Any]:
-    columns, rows, records = results(study, space)
-    complete = [r for r in records if r["state"] == "COMPLETE"]
-    if not complete:
-        raise UserError(f"no trial of {study.study_name} completed: see the trials' output above")
-    best = study.best_trial
-    _, best_config = parse_fit_args([*fit_args, *as_flags(best.params)])
-    best_yaml = f"# Trial {best.number} of study {study.study_name}: {space.metric} = {best.value:.4f}\n"
-    best_yaml += parser.dump(best_config)
-    text = markdown_table(columns, rows)
-    payload = {"study": study.study_name, "metric": space.metric, "direction": space.direction}
-    payload |= {"best_trial": best.number, "trials": records}
-    write_results(study_dir, "trials", text, payload, {"best_config.yaml": best_yaml})
-    print(f"\n{text}\nbest: trial {best.number}, {space.metric} {best.value:.4f}, {best.params}")
-    print(f"to train with it: python -m project fit --config {study_dir / 'best_config.yaml'}")
-    if wandb:
-        summary = {f"best/{space.metric}": best.value, "best/trial": best.number}
-        group = f"tune-{study.study_name}"
-        print(
-            f"W&B run: {log_table('tune/trials', columns, rows, summary, study_dir, wandb_project, group, 'tune-summary')}"
-        )
-    return payload
 
 
 def parse_args(args: list[str]) -> dict:
