@@ -5,10 +5,14 @@ training. These functions draw independent random parameters per image, so one c
 batch has the same distribution as the per-sample RandomCrop(padding) + RandomHorizontalFlip pipeline.
 """
 
-from typing import Literal
+import math
+from typing import Any, Literal
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
+
+from project.errors import UserError
 
 
 def random_crop(
@@ -66,3 +70,208 @@ def normalize(x: Tensor, mean: Tensor, std: Tensor) -> Tensor:
     scale = (1.0 / (255.0 * std)).view(1, -1, 1, 1)
     shift = (mean / std).view(1, -1, 1, 1)
     return torch.addcmul(-shift, x.float(), scale)  # one fused pass instead of three
+
+
+def sample_boxes(
+    n: int,
+    h: int,
+    w: int,
+    scale: tuple[float, float],
+    ratio: tuple[float, float],
+    device: torch.device | str = "cpu",
+    tries: int = 10,
+) -> tuple[Tensor, Tensor]:
+    """One box per image as (x0, y0, x1, y1) in pixel coordinates, with RandomResizedCrop's distribution: area
+    uniform in `scale` x h x w, log aspect ratio (width / height) uniform in `ratio`, placed uniformly inside the
+    image. Like torchvision, up to `tries` draws per image; the first that fits is kept. Returns the boxes (n, 4)
+    and whether each image found one (those that did not hold the whole image)."""
+    area = torch.empty(n, tries, device=device).uniform_(*scale) * (h * w)
+    log_r = torch.empty(n, tries, device=device).uniform_(math.log(ratio[0]), math.log(ratio[1]))
+    bw, bh = (area * log_r.exp()).sqrt(), (area / log_r.exp()).sqrt()
+    fits = (bw <= w) & (bh <= h)
+    first = fits.float().argmax(1, keepdim=True)  # the first try that fits (0 when none does)
+    bw, bh = bw.gather(1, first)[:, 0], bh.gather(1, first)[:, 0]
+    found = fits.any(1)
+    bw, bh = torch.where(found, bw, float(w)), torch.where(found, bh, float(h))
+    x0 = torch.rand(n, device=device) * (w - bw)
+    y0 = torch.rand(n, device=device) * (h - bh)
+    return torch.stack([x0, y0, x0 + bw, y0 + bh], 1), found
+
+
+def random_resized_crop(
+    x: Tensor, size: tuple[int, int], scale: tuple[float, float], ratio: tuple[float, float]
+) -> Tensor:
+    """An independent RandomResizedCrop per image, for the whole batch in one `roi_align` call (each output pixel
+    averages the source pixels under it, so a large box shrinks without aliasing). Float output in the input's
+    units (0-255 for uint8 input)."""
+    from torchvision.ops import roi_align
+
+    n, _, h, w = x.shape
+    boxes, _ = sample_boxes(n, h, w, scale, ratio, x.device)
+    index = torch.arange(n, device=x.device, dtype=boxes.dtype)[:, None]
+    return roi_align(x.float(), torch.cat([index, boxes], 1), size, aligned=True)
+
+
+def resize(x: Tensor, size: tuple[int, int]) -> Tensor:
+    """The whole batch resized to `size` (antialiased bilinear); unchanged when it has that size already."""
+    if tuple(x.shape[-2:]) == tuple(size):
+        return x
+    return torch.nn.functional.interpolate(x.float(), size, mode="bilinear", antialias=True)
+
+
+def random_erasing(x: Tensor, p: float) -> Tensor:
+    """torchvision's RandomErasing (area 2-33 %, aspect ratio 0.3-3.3, filled with 0: the mean of normalised
+    images) for each image with probability `p`, as one mask over the batch."""
+    if p <= 0:
+        return x
+    n, _, h, w = x.shape
+    boxes, found = sample_boxes(n, h, w, (0.02, 0.33), (0.3, 3.3), x.device)
+    erase = found & (torch.rand(n, device=x.device) < p)
+    x0, y0, x1, y1 = boxes.round().long().unbind(1)
+    ys = torch.arange(h, device=x.device)[None, :, None]
+    xs = torch.arange(w, device=x.device)[None, None, :]
+    inside = (ys >= y0[:, None, None]) & (ys < y1[:, None, None])
+    inside = inside & (xs >= x0[:, None, None]) & (xs < x1[:, None, None]) & erase[:, None, None]
+    return x.masked_fill(inside[:, None], 0)
+
+
+def mix_batch(
+    x: Tensor, targets: Tensor, num_classes: int, mixup_alpha: float, cutmix_alpha: float, p: float = 1.0
+) -> tuple[Tensor, Tensor]:
+    """MixUp (Zhang et al., 2018) or CutMix (Yun et al., 2019) of a batch with itself reversed, as timm and
+    torchvision's references do: one mixing weight per batch, drawn from Beta(alpha, alpha); with both alphas set,
+    each batch takes one of the two at even odds, and with probability `1 - p` neither. `targets` are class
+    indices (B,) or multi-hot rows (B, C); returns the images and the mixed soft targets (B, C) float, whose rows
+    sum to what the targets' rows did. The draws (scalars) come from the global CPU generator, which checkpoints
+    restore: a resumed run mixes exactly as the run never stopped."""
+    soft = targets.float() if targets.ndim == 2 else F.one_hot(targets, num_classes).float()
+    apply, use_cutmix = torch.rand(2).tolist()
+    if apply >= p or (mixup_alpha <= 0 and cutmix_alpha <= 0):
+        return x, soft
+    cutmix = cutmix_alpha > 0 and (mixup_alpha <= 0 or use_cutmix < 0.5)
+    alpha = torch.tensor(cutmix_alpha if cutmix else mixup_alpha)
+    lam = float(torch.distributions.Beta(alpha, alpha).sample())
+    other = x.flip(0)
+    if cutmix:  # a box of area (1 - lam) from the partner, clipped at the border; lam is then its true share
+        h, w = x.shape[-2:]
+        cy, cx = (torch.rand(2) * torch.tensor([h, w])).long().tolist()
+        ch, cw = int(h * math.sqrt(1 - lam)), int(w * math.sqrt(1 - lam))
+        y0, y1, x0, x1 = (
+            max(cy - ch // 2, 0),
+            min(cy + ch // 2, h),
+            max(cx - cw // 2, 0),
+            min(cx + cw // 2, w),
+        )
+        x = x.clone()
+        x[..., y0:y1, x0:x1] = other[..., y0:y1, x0:x1]
+        lam = 1 - (y1 - y0) * (x1 - x0) / (h * w)
+    else:
+        x = torch.lerp(other, x, lam)  # lam * x + (1 - lam) * other
+    return x, torch.lerp(soft.flip(0), soft, lam)
+
+
+class BatchAugmentMixin:
+    """The training augmentations of every image DataModule, on the device batches: the padded random crop and
+    the flip (on by default), and the regularisers of long recipes (Cutout, random erasing, MixUp/CutMix, the
+    random-resized crop; off by default). Evaluation sees each image whole, resized to the network's input.
+
+    Args:
+        crop_padding: Padding for the random crop (4 for 32x32 CIFAR); 0 disables the crop.
+        crop_padding_mode: What the padding holds: `constant` (zeros) or `reflect` (the image mirrored at its
+            border, as airbench does: no black bars for the network to learn about).
+        flip: Horizontal flips during training: `true`, a fresh coin per image and epoch; `alternate`, each
+            image flipped in every other epoch from a random start (airbench: every image is seen both ways
+            within two epochs; needs images held in memory, as CIFAR and cached folders are); `false`, none.
+        cutout: Side of the square zeroed per training image (Cutout); 0 disables it.
+        mixup_alpha: MixUp's Beta(alpha, alpha) mixing weight (0.2 is common); 0 disables MixUp. Training
+            batches then carry soft targets for the loss, and each image's own labels for the training metrics.
+        cutmix_alpha: CutMix's Beta(alpha, alpha) (1.0 is common); 0 disables CutMix. With both alphas set,
+            each batch gets one of the two at even odds.
+        mix_prob: Probability that a training batch is mixed at all (when an alpha is set).
+        random_erasing: Probability that each training image gets one random box zeroed (torchvision's
+            RandomErasing: 2-33 % of the image, aspect ratio 0.3-3.3); 0 disables it.
+        crop_scale: A random-resized crop per training image instead of the padded crop: the box's share of the
+            image's area is drawn from this range (torchvision's default is [0.08, 1.0]), then the box is resized
+            to the network's input, for the whole batch in one call. Most useful with a cached source larger
+            than the input (`cache_size`). None: off.
+        crop_ratio: The range of the crop box's aspect ratio (width / height), drawn log-uniformly.
+    """
+
+    def __init__(
+        self,
+        *args: Any,
+        crop_padding: int = 4,
+        crop_padding_mode: Literal["constant", "reflect"] = "constant",
+        flip: bool | Literal["alternate"] = True,
+        cutout: int = 0,
+        mixup_alpha: float = 0.0,
+        cutmix_alpha: float = 0.0,
+        mix_prob: float = 1.0,
+        random_erasing: float = 0.0,
+        crop_scale: tuple[float, float] | None = None,
+        crop_ratio: tuple[float, float] = (3 / 4, 4 / 3),
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        if crop_padding < 0 or cutout < 0:
+            raise UserError(
+                f"data.crop_padding and data.cutout must be >= 0, got {crop_padding} and {cutout}"
+            )
+        alphas = {"mixup_alpha": mixup_alpha, "cutmix_alpha": cutmix_alpha}
+        probs = {"mix_prob": mix_prob, "random_erasing": random_erasing}
+        bad: dict[str, object] = {k: v for k, v in alphas.items() if v < 0}
+        bad |= {k: v for k, v in probs.items() if not 0 <= v <= 1}
+        if crop_scale is not None and not 0 < crop_scale[0] <= crop_scale[1] <= 1:
+            bad["crop_scale"] = list(crop_scale)
+        if not 0 < crop_ratio[0] <= crop_ratio[1]:
+            bad["crop_ratio"] = list(crop_ratio)
+        if bad:
+            key, value = next(iter(bad.items()))
+            raise UserError(
+                f"data.{key}={value} is out of range: alphas are >= 0, probabilities in [0, 1], crop_scale "
+                "a range [low, high] within (0, 1], crop_ratio a range [low, high] above 0"
+            )
+        self.crop_padding = crop_padding
+        self.crop_padding_mode: Literal["constant", "reflect"] = crop_padding_mode
+        self.flip = flip
+        self.cutout = cutout
+        self.mixup_alpha, self.cutmix_alpha, self.mix_prob = mixup_alpha, cutmix_alpha, mix_prob
+        self.random_erasing = random_erasing
+        self.crop_scale = None if crop_scale is None else (float(crop_scale[0]), float(crop_scale[1]))
+        self.crop_ratio = (float(crop_ratio[0]), float(crop_ratio[1]))
+
+    @property
+    def mixes(self) -> bool:
+        """Whether training batches are mixed (and so carry soft targets besides each image's own)."""
+        return self.mix_prob > 0 and (self.mixup_alpha > 0 or self.cutmix_alpha > 0)
+
+    def augment_images(
+        self, x: Tensor, rows: Tensor | None, train: bool, epoch: int, size: tuple[int, int], seed: int
+    ) -> Tensor:
+        """A batch at the network's input `size`, cropped and flipped if `train` (before normalising): with
+        `crop_scale` a random-resized crop per image, else the whole image resized (a no-op when the images are
+        stored at that size) and the padded crop. `rows` are the images' dataset rows (alternating flips)."""
+        if train and self.crop_scale is not None:
+            x = random_resized_crop(x, size, self.crop_scale, self.crop_ratio)
+        else:
+            x = resize(x, size)
+        if not train:
+            return x
+        if self.crop_scale is None:
+            x = random_crop(x, self.crop_padding, padding_mode=self.crop_padding_mode)
+        if self.flip == "alternate" and rows is not None:
+            return alternating_flip(x, rows, epoch, seed)
+        return random_flip(x) if self.flip else x
+
+    def augment_normalized(
+        self, x: Tensor, y: Tensor, train: bool, num_classes: int
+    ) -> tuple[Tensor, Tensor] | tuple[Tensor, Tensor, Tensor]:
+        """Cutout, random erasing and MixUp/CutMix of a normalised training batch: `(images, targets)`, or for
+        a mixed one `(images, soft targets, targets)`."""
+        if not train:
+            return x, y
+        x = random_erasing(cutout(x, self.cutout), self.random_erasing)
+        if not self.mixes:
+            return x, y
+        x, soft = mix_batch(x, y, num_classes, self.mixup_alpha, self.cutmix_alpha, self.mix_prob)
+        return x, soft, y  # the loss takes the soft targets; the training metrics each image's own labels

@@ -1,7 +1,8 @@
 """`ImageDataModule`: loader settings and on-device augmentation shared by every image DataModule."""
 
 import os
-from typing import Any, Literal
+from collections.abc import Sequence
+from typing import Any
 
 import lightning as L
 import torch
@@ -9,7 +10,7 @@ from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
-from project.data.augment import alternating_flip, cutout, normalize, random_crop, random_flip
+from project.data.augment import BatchAugmentMixin, normalize
 from project.data.samplers import ResumableLoader, ResumableSampler, ShardSampler, run_seed
 from project.data.tensor_dataset import TensorImageDataset, collate_pre_batched
 from project.errors import UserError
@@ -37,7 +38,7 @@ def per_device_batch_size(
     return global_batch_size // parts
 
 
-class ImageDataModule(L.LightningDataModule):
+class ImageDataModule(BatchAugmentMixin, L.LightningDataModule):
     """Base class: subclasses fill `train_set`, `val_set`, `test_set`, `predict_set` in `setup`.
 
     Batches leave the DataLoader as `(uint8 images (B, C, H, W), targets)`: int64 labels (B,), or for
@@ -68,22 +69,18 @@ class ImageDataModule(L.LightningDataModule):
         pin_memory: Page-locked host memory for faster host-to-GPU copies. Default: only with CUDA.
         persistent_workers: Keep workers alive between epochs (saves their start-up every epoch).
         prefetch_factor: Batches each worker loads ahead.
-        crop_padding: Padding for the random crop (4 for 32x32 CIFAR); 0 disables the crop.
-        crop_padding_mode: What the padding holds: `constant` (zeros) or `reflect` (the image mirrored at its
-            border, as airbench does: no black bars for the network to learn about).
-        flip: Horizontal flips during training: `true`, a fresh coin per image and epoch; `alternate`, each
-            image flipped in every other epoch from a random start (airbench: every image is seen both ways
-            within two epochs; needs images held in memory, as CIFAR and cached folders are); `false`, none.
-        cutout: Side of the square zeroed per training image (Cutout); 0 disables it.
         seed: Seed of the train/validation split (fixed, so the split is the same in every run).
         on_device: Move in-memory datasets (CIFAR, cached folders) to the training device once, so batches are
             gathered there and an epoch never touches the host (the fastest CIFAR trainers do this). Needs the
             dataset to fit in device memory (CIFAR-10 train: 150 MB as uint8).
+        **kwargs: The training augmentations (crop, flip, Cutout, MixUp/CutMix, ...; `BatchAugmentMixin`).
     """
 
     #: Per-channel mean and std in [0, 1] units; set by subclasses.
     mean: tuple[float, ...] = (0.5, 0.5, 0.5)
     std: tuple[float, ...] = (0.5, 0.5, 0.5)
+    #: Whether mean/std were given (by the config or a pretrained network) rather than measured on the data.
+    _given_stats: bool = False
 
     def __init__(
         self,
@@ -94,22 +91,15 @@ class ImageDataModule(L.LightningDataModule):
         pin_memory: bool | None = None,
         persistent_workers: bool = True,
         prefetch_factor: int = 2,
-        crop_padding: int = 4,
-        crop_padding_mode: Literal["constant", "reflect"] = "constant",
-        flip: bool | Literal["alternate"] = True,
-        cutout: int = 0,
         seed: int = 0,
         on_device: bool = False,
+        **kwargs: Any,
     ) -> None:
-        super().__init__()
+        super().__init__(**kwargs)
         if batch_size < 1:
             raise UserError(f"data.batch_size must be at least 1, got {batch_size}")
         if num_workers is not None and num_workers < 0:
             raise UserError(f"data.num_workers must be >= 0, got {num_workers}")
-        if crop_padding < 0 or cutout < 0:
-            raise UserError(
-                f"data.crop_padding and data.cutout must be >= 0, got {crop_padding} and {cutout}"
-            )
         if global_batch_size is not None and global_batch_size < 1:
             raise UserError(f"data.global_batch_size must be at least 1, got {global_batch_size}")
         self.batch_size = batch_size
@@ -119,10 +109,6 @@ class ImageDataModule(L.LightningDataModule):
         self.pin_memory = torch.cuda.is_available() if pin_memory is None else pin_memory
         self.persistent_workers = persistent_workers
         self.prefetch_factor = prefetch_factor
-        self.crop_padding = crop_padding
-        self.crop_padding_mode: Literal["constant", "reflect"] = crop_padding_mode
-        self.flip = flip
-        self.cutout = cutout
         self.seed = seed
         self.on_device = on_device
         self.train_set: Dataset | None = None
@@ -249,18 +235,12 @@ class ImageDataModule(L.LightningDataModule):
         return self._loader(self.predict_set, "predict")
 
     # -- on-device augmentation and normalisation -----------------------------------------------------------
-    def transform_batch(
-        self, batch: tuple[Tensor, ...], train: bool, epoch: int = 0
-    ) -> tuple[Tensor, Tensor]:
+    def transform_batch(self, batch: tuple[Tensor, ...], train: bool, epoch: int = 0) -> tuple[Tensor, ...]:
         """Augment (if `train`) and normalise a uint8 batch on whatever device it is on. A batch may carry each
-        image's dataset row third (for alternating flips); the result is always `(images, targets)`."""
+        image's dataset row third (for alternating flips); the result is `(images, targets)`, or for a mixed
+        training batch `(images, soft targets, targets)`."""
         x, y, *rows = batch
-        if train:
-            x = random_crop(x, self.crop_padding, padding_mode=self.crop_padding_mode)
-            if self.flip == "alternate" and rows:
-                x = alternating_flip(x, rows[0], epoch, self.seed)
-            elif self.flip:
-                x = random_flip(x)
+        x = self.augment_images(x, rows[0] if rows else None, train, epoch, self._input_size(x), self.seed)
         key = (x.device, tuple(self.mean), tuple(self.std))
         if key not in self._norm_cache:  # two tiny host-to-device copies: once, not per batch
             self._norm_cache[key] = (
@@ -268,9 +248,14 @@ class ImageDataModule(L.LightningDataModule):
                 torch.tensor(key[2], device=x.device),
             )
         x = normalize(x, *self._norm_cache[key])
-        if train:
-            x = cutout(x, self.cutout)
-        return x, y
+        return self.augment_normalized(x, y, train, self.num_classes)
+
+    def _input_size(self, x: Tensor) -> tuple[int, int]:
+        """The network's input (height, width): the batch's own when the DataModule does not say."""
+        try:
+            return tuple(self.input_shape[1:])  # pyright: ignore[reportReturnType]
+        except NotImplementedError:
+            return (x.shape[-2], x.shape[-1])
 
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         # The model summary's example_input_array comes as one float tensor, ready for the network.
@@ -280,6 +265,13 @@ class ImageDataModule(L.LightningDataModule):
         training = trainer is not None and trainer.training
         epoch = trainer.current_epoch if trainer is not None and training else 0
         return self.transform_batch(tuple(batch), train=training, epoch=epoch)
+
+    def use_network_stats(self, stats: tuple[Sequence[float], Sequence[float]] | None) -> None:
+        """Normalise with the per-channel mean and std a pretrained network's weights were trained with (its
+        `input_stats()`; None: the network has none), unless the config set `data.mean`/`data.std`."""
+        if stats is not None and not self._given_stats:
+            self.mean, self.std = tuple(stats[0]), tuple(stats[1])
+            self._given_stats = True
 
     def state_dict(self) -> dict[str, Any]:
         # Stored in checkpoints: evaluating or predicting from one normalises exactly as training did.

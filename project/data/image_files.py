@@ -13,6 +13,7 @@ from typing import Any
 import torch
 from lightning.pytorch.utilities import rank_zero_warn
 from torch.utils.data import Dataset
+from torchvision.transforms import v2
 
 from project.data.datamodule import ImageDataModule, available_cpus
 from project.data.folds import KFoldMixin, check_class_counts, iterative_stratification
@@ -69,6 +70,10 @@ class ImageFilesDataModule(KFoldMixin, ImageDataModule):
         predict_root: A folder of unlabeled images (any depth) for `predict`; default: the test split if there
             is one, else the validation split.
         crop_padding: Padding of the training random crop; default `image_size // 8` (4 at 32 pixels).
+        cache_size: Side of the squares cached (and decoded, without the cache), when larger than `image_size`:
+            each batch is then resized to `image_size` on the device, or cropped from it by `crop_scale`. The
+            cache takes N x 3 x cache_size^2 bytes. Default: `image_size`.
+        trivial_augment: TrivialAugmentWide (Müller & Hutter, 2021) per training image, in the loader workers.
         **kwargs: `num_folds` and `fold` (k-fold cross-validation over the training images, see `KFoldMixin`),
             and the loader and augmentation settings of `ImageDataModule` (batch_size, num_workers, ...).
     """
@@ -85,6 +90,8 @@ class ImageFilesDataModule(KFoldMixin, ImageDataModule):
         std: tuple[float, float, float] | None = None,
         predict_root: str | None = None,
         crop_padding: int | None = None,
+        cache_size: int | None = None,
+        trivial_augment: bool = False,
         **kwargs: Any,
     ) -> None:
         if not 1 <= image_size <= MAX_IMAGE_SIZE:  # before crop_padding, which defaults to a share of it
@@ -92,8 +99,14 @@ class ImageFilesDataModule(KFoldMixin, ImageDataModule):
                 f"data.image_size must be between 1 and {MAX_IMAGE_SIZE} pixels (the side of the square every "
                 f"image is resized to), got {image_size}"
             )
+        if cache_size is not None and not image_size <= cache_size <= MAX_IMAGE_SIZE:
+            raise UserError(
+                f"data.cache_size must be between image_size={image_size} and {MAX_IMAGE_SIZE}, got {cache_size}"
+            )
         super().__init__(crop_padding=image_size // 8 if crop_padding is None else crop_padding, **kwargs)
-        self.image_size = image_size
+        self.image_size, self.trivial_augment = image_size, trivial_augment
+        #: The side of the images stored (and read): the network's input, or the larger source it is cut from.
+        self.source_size = cache_size or image_size
         self.cache = cache
         self.cache_dir = Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
         self.skip_corrupt = skip_corrupt
@@ -179,26 +192,26 @@ class ImageFilesDataModule(KFoldMixin, ImageDataModule):
     def _cache(self, split: str) -> ImageCache:
         """The decoded images of a split, loaded (or built) once per process."""
         if split not in self._caches:
-            scan, size, pixels = self.scanned(split), self.image_size, self.max_image_pixels
+            scan, size, pixels = self.scanned(split), self.source_size, self.max_image_pixels
             build = (scan.files, size, self.cache_dir, self._workers(), scan.stamps, pixels, scan.source_key)
             self._caches[split] = ImageCache.load_or_build(*build)
         return self._caches[split]
 
-    def _dataset(self, split: str, indices: list[int] | None = None) -> Dataset:
-        """The images of `split` (train, val, test), or the rows `indices` of it."""
+    def _dataset(self, split: str, indices: list[int] | None = None, train: bool = False) -> Dataset:
+        """The images of `split` (train, val, test), or the rows `indices` of it; `train`: the training set."""
         files = self.scanned(split).files
         targets = label_targets(self.scanned(split).labels, self.num_classes, self.multilabel)
         indices = list(range(len(files))) if indices is None else indices
+        augment = v2.TrivialAugmentWide() if self.trivial_augment and split == "train" and train else None
         if self.cache:
             cached = self._cache(split)  # images only: the targets come from the scan, every time
             keep = drop_bad(indices, cached.bad, files, self.skip_corrupt)
-            return TensorImageDataset(cached.images, targets, keep)
+            return TensorImageDataset(cached.images, targets, keep, sample_transform=augment)
         if self.skip_corrupt:
             bad = {i: reason for i in indices if (reason := check_image(files[i], self.max_image_pixels))}
             indices = drop_bad(indices, bad, files, skip_corrupt=True)
-        return ImageFileDataset(
-            [files[i] for i in indices], targets[indices], self.image_size, self.max_image_pixels
-        )
+        kept = [files[i] for i in indices]
+        return ImageFileDataset(kept, targets[indices], self.source_size, self.max_image_pixels, augment)
 
     def _split(self) -> tuple[list[int], list[int]]:
         """Stratified, seeded split of the training files: (train indices, val indices). A UserError when no
@@ -245,7 +258,7 @@ class ImageFilesDataModule(KFoldMixin, ImageDataModule):
         if self.train_set is None:
             has_val = self.has_split("val")
             train_idx, val_idx = (None, None) if has_val else self._split()
-            self.train_set = self._dataset("train", train_idx)
+            self.train_set = self._dataset("train", train_idx, train=True)
             self.val_set = self._dataset("val") if has_val else self._dataset("train", val_idx)
             if not self._given_stats:
                 self.mean, self.std = self._train_stats()
@@ -257,7 +270,7 @@ class ImageFilesDataModule(KFoldMixin, ImageDataModule):
                 self.test_set = self.val_set
         if stage == "predict" and self.predict_set is None:
             files = readable_files(self.predict_files(), self.max_image_pixels, self.skip_corrupt)
-            self.predict_set = ImageFileDataset(files, None, self.image_size, self.max_image_pixels)
+            self.predict_set = ImageFileDataset(files, None, self.source_size, self.max_image_pixels)
             self.predict_names = [str(f) for f in files]
 
     def predict_files(self) -> list[Path]:
@@ -281,5 +294,5 @@ class ImageFilesDataModule(KFoldMixin, ImageDataModule):
             return self._cache("train").mean_std(ds.indices)
         assert isinstance(ds, ImageFileDataset)  # what _dataset builds without the cache
         return sampled_mean_std(
-            ds.files, self.image_size, self.cache_dir, self._workers(), self.max_image_pixels
+            ds.files, self.source_size, self.cache_dir, self._workers(), self.max_image_pixels
         )

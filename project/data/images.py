@@ -3,7 +3,7 @@
 import os
 import re
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO, NamedTuple
 
@@ -226,7 +226,7 @@ class ImageFileDataset(Dataset):
 
     Yields (uint8 (3, size, size) tensor, target); the target is the label (a row of `labels`: an int, or
     for a tensor of targets its row, such as a float32 multi-hot vector), or the index when `labels` is None
-    (prediction).
+    (prediction). `transform`, if given, augments each uint8 image (in the loader workers).
     """
 
     def __init__(
@@ -235,6 +235,7 @@ class ImageFileDataset(Dataset):
         labels: Sequence[int] | torch.Tensor | None,
         size: int,
         max_pixels: int = MAX_IMAGE_PIXELS,
+        transform: Callable[[torch.Tensor], torch.Tensor] | None = None,
     ) -> None:
         self.files, self.labels, self.size, self.max_pixels = (
             [Path(f) for f in files],
@@ -242,6 +243,7 @@ class ImageFileDataset(Dataset):
             size,
             max_pixels,
         )
+        self.transform = transform
 
     def __len__(self) -> int:
         return len(self.files)
@@ -252,6 +254,8 @@ class ImageFileDataset(Dataset):
             .permute(2, 0, 1)
             .contiguous()
         )
+        if self.transform is not None:  # per-image augmentation (TrivialAugmentWide), drawn in the worker
+            image = self.transform(image)
         return image, (self.labels[i] if self.labels is not None else i)
 
 

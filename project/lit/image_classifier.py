@@ -51,6 +51,8 @@ class ImageClassifier(ImageTask):
         )
 
     def loss(self, outputs: Tensor, targets: Tensor) -> Tensor:
+        # Class indices, or (MixUp/CutMix) class probabilities: those in the outputs' dtype, as cross_entropy asks.
+        targets = targets.to(outputs.dtype) if targets.is_floating_point() else targets
         return F.cross_entropy(outputs, targets, label_smoothing=self.hparams["label_smoothing"])
 
     def probabilities(self, outputs: Tensor) -> Tensor:

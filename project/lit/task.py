@@ -20,7 +20,7 @@ from torchmetrics import MaxMetric, MeanMetric, MetricCollection, MinMetric
 
 from project.distributed.sharding import clip_fsdp_grad_norm, shard_for_device_mesh
 from project.errors import UserError
-from project.lit.factories import build_optimizer, check_optimizer, leaves_unset, scaled_max_lr
+from project.lit.factories import build_optimizer, check_optimizer, leaves_unset, lr_scales, scaled_max_lr
 from project.lit.tta import tta_logits
 
 
@@ -42,6 +42,12 @@ class ImageTask(L.LightningModule):
         norm_bias_lr_scale: Learning-rate multiplier for the norm layers' biases (their weight decay is divided
             by it, so their decay per step is unchanged). airbench trains its BatchNorm biases 64x faster,
             with the BatchNorm scales frozen: the shifts then do the work the scales would.
+        backbone_lr_scale: Learning-rate multiplier for a pretrained network's backbone, all but the new head
+            (`head_parameter_names()`: TimmNet, TorchvisionNet): 0.1 fine-tunes the pretrained layers at a
+            tenth of the head's rate. Their weight decay is unchanged.
+        layer_decay: Layer-wise learning-rate decay for fine-tuning (BEiT; timm's `--layer-decay`): each
+            block learns at this fraction of the rate of the block above it, the stem the least (TimmNet,
+            from timm's own grouping of the model's blocks). 0.65-0.85 is usual for ViTs; 1: off.
         tta_flip: Evaluate (val/test/predict) on the mean of the outputs of each image and its mirror image,
             at twice the evaluation cost.
         tta_shift: Also average over the images shifted this many pixels up-left and down-right (airbench's
@@ -77,6 +83,8 @@ class ImageTask(L.LightningModule):
         scheduler_interval: Literal["epoch", "step"] | None = None,
         weight_decay_norm_and_bias: bool = False,
         norm_bias_lr_scale: float = 1.0,
+        backbone_lr_scale: float = 1.0,
+        layer_decay: float = 1.0,
         tta_flip: bool = False,
         tta_shift: int = 0,
         channels_last: bool = True,
@@ -88,6 +96,12 @@ class ImageTask(L.LightningModule):
         name = type(self).__name__
         if norm_bias_lr_scale <= 0:
             raise ValueError(f"{name}: norm_bias_lr_scale must be > 0, got {norm_bias_lr_scale}")
+        if backbone_lr_scale <= 0:
+            raise ValueError(f"{name}: backbone_lr_scale must be > 0, got {backbone_lr_scale}")
+        if not 0 < layer_decay <= 1:
+            raise ValueError(f"{name}: layer_decay must be in (0, 1], got {layer_decay}")
+        # A network that cannot say which parameters are its head (or its layers' depths) fails now, not in fit.
+        lr_scales(net, backbone_lr_scale, layer_decay)
         if tta_shift < 0:
             raise ValueError(f"{name}: tta_shift must be >= 0, got {tta_shift}")
         check_optimizer(optimizer)  # a negative lr etc. fails now, naming model.optimizer, not inside fit
@@ -163,17 +177,20 @@ class ImageTask(L.LightningModule):
         return tta_logits(self.net, x, self.hparams["tta_flip"], self.hparams["tta_shift"])
 
     def _shared_step(
-        self, batch: tuple[Tensor, Tensor], metrics: MetricCollection, loss_metric: MeanMetric
+        self, batch: tuple[Tensor, ...], metrics: MetricCollection, loss_metric: MeanMetric
     ) -> tuple[Tensor, Tensor]:
         """Forward, loss and metric updates shared by train/val/test: returns (loss, outputs)."""
-        x, y = batch
+        # A mixed training batch (MixUp/CutMix) is (images, soft targets, each image's own targets): the loss
+        # learns from the mixture, the metrics count an image as right when it gets its own label, so train/acc
+        # means what it means without mixing (the argmax of a mixture would credit the partner's label).
+        x, y, *own = batch
         outputs = self(x)
         loss = self.loss(outputs, y)
-        self.update_metrics(metrics, outputs.detach(), y)
+        self.update_metrics(metrics, outputs.detach(), own[0] if own else y)
         loss_metric.update(loss.detach(), weight=y.shape[0])
         return loss, outputs
 
-    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+    def training_step(self, batch: tuple[Tensor, ...], batch_idx: int) -> Tensor:
         loss, _ = self._shared_step(batch, self.train_metrics, self.train_loss)
         self.log("loss", loss, prog_bar=True, logger=False)  # the step's loss, for the progress bar
         return loss
@@ -248,7 +265,12 @@ class ImageTask(L.LightningModule):
         assert model is not None  # the strategy holds the module from `connect`, before this hook runs
         hp = self.hparams
         optimizer = build_optimizer(
-            self.optimizer, model, hp["weight_decay_norm_and_bias"], hp["norm_bias_lr_scale"]
+            self.optimizer,
+            model,
+            hp["weight_decay_norm_and_bias"],
+            hp["norm_bias_lr_scale"],
+            hp.get("backbone_lr_scale", 1.0),
+            hp.get("layer_decay", 1.0),
         )
         if self.scheduler is None:
             return optimizer
