@@ -107,9 +107,7 @@ class ImageTask(L.LightningModule):
         check_optimizer(optimizer)  # a negative lr etc. fails now, naming model.optimizer, not inside fit
         # The network is saved with the checkpoint's weights; its config is in the saved CLI config.
         self.save_hyperparameters(ignore=["net", "optimizer", "scheduler"])
-        self.net = net
-        self.optimizer = optimizer
-        self.scheduler = scheduler
+        self.net, self.optimizer, self.scheduler = net, optimizer, scheduler
         self.class_names = list(class_names or [])
         if input_shape is not None:
             self.example_input_array = torch.zeros(2, *input_shape)
@@ -180,9 +178,8 @@ class ImageTask(L.LightningModule):
         self, batch: tuple[Tensor, ...], metrics: MetricCollection, loss_metric: MeanMetric
     ) -> tuple[Tensor, Tensor]:
         """Forward, loss and metric updates shared by train/val/test: returns (loss, outputs)."""
-        # A mixed training batch (MixUp/CutMix) is (images, soft targets, each image's own targets): the loss
-        # learns from the mixture, the metrics count an image as right when it gets its own label, so train/acc
-        # means what it means without mixing (the argmax of a mixture would credit the partner's label).
+        # A mixed training batch (MixUp/CutMix) is (images, soft targets, each image's own targets): the metrics
+        # count an image right when it gets its own label, as without mixing (a mixture's argmax may be the other's).
         x, y, *own = batch
         outputs = self(x)
         loss = self.loss(outputs, y)
@@ -264,14 +261,8 @@ class ImageTask(L.LightningModule):
             model = self
         assert model is not None  # the strategy holds the module from `connect`, before this hook runs
         hp = self.hparams
-        optimizer = build_optimizer(
-            self.optimizer,
-            model,
-            hp["weight_decay_norm_and_bias"],
-            hp["norm_bias_lr_scale"],
-            hp.get("backbone_lr_scale", 1.0),
-            hp.get("layer_decay", 1.0),
-        )
+        scales = (hp["norm_bias_lr_scale"], hp.get("backbone_lr_scale", 1.0), hp.get("layer_decay", 1.0))
+        optimizer = build_optimizer(self.optimizer, model, hp["weight_decay_norm_and_bias"], *scales)
         if self.scheduler is None:
             return optimizer
         kwargs, interval = {}, hp["scheduler_interval"]
