@@ -90,6 +90,35 @@ def _read_remote(url: str) -> str:
         raise UserError(f"cannot read {url}: {type(e).__name__}: {str(e).strip().splitlines()[0]}") from None
 
 
+_LOADER_CLASS: list[type] = []
+
+
+def resumable_loader_class() -> type:
+    """litdata's `StreamingDataLoader`, continuing correctly into the epoch after a resumed one.
+
+    Lightning saves the loader's `state_dict` in every checkpoint and restores it on `--ckpt_path last` (the
+    fit loop's `combined_loader` entry): the resumed epoch continues where the run stopped. But the loader
+    clears its "restored" flag only when an epoch's iteration runs to its end, and Lightning stops asking for
+    batches once it has the epoch's `len(loader)`: the flag stays set, the next epoch starts from the restored
+    position again, finds it at the end of the epoch and yields nothing. Here the flag is dropped when a new
+    iteration begins after the restored one has been started.
+    """
+    if not _LOADER_CLASS:
+        from litdata import StreamingDataLoader
+
+        class ResumableStreamingDataLoader(StreamingDataLoader):
+            _restored_epoch_started = False
+
+            def __iter__(self) -> Any:
+                if self.restore and self._restored_epoch_started:
+                    self.restore = False
+                self._restored_epoch_started = self.restore
+                return super().__iter__()
+
+        _LOADER_CLASS.append(ResumableStreamingDataLoader)
+    return _LOADER_CLASS[0]
+
+
 class StreamingImageDataModule(ImageDataModule):
     """Images streamed from a dataset prepared by `python -m project prepare`: class names, multi-label or
     not, the splits and the training images' mean and std come from its metadata.
@@ -139,9 +168,6 @@ class StreamingImageDataModule(ImageDataModule):
             )
         self.predict_split = predict_split or ("test" if "test" in splits else "val")
         self.mean, self.std = tuple(self.meta["mean"]), tuple(self.meta["std"])
-        self._train_loader: Any = None
-        #: A training loader's state from a checkpoint, applied to the next training loader made.
-        self._loader_state: dict[str, Any] | None = None
 
     @property
     def class_names(self) -> list[str]:
@@ -191,12 +217,10 @@ class StreamingImageDataModule(ImageDataModule):
             self.predict_names = [f"{self.predict_split}/{i}" for i in range(count)]
 
     def _streaming_loader(self, dataset: Any, train: bool = False) -> DataLoader:
-        from litdata import StreamingDataLoader
-
         if dataset is None:
             raise RuntimeError(f"{type(self).__name__}: call setup() first")
         workers = min(8, available_cpus()) if self.num_workers is None else self.num_workers
-        return StreamingDataLoader(
+        return resumable_loader_class()(
             dataset,
             batch_size=self.batch_size,
             num_workers=workers,
@@ -204,17 +228,15 @@ class StreamingImageDataModule(ImageDataModule):
             persistent_workers=self.persistent_workers and workers > 0,
             prefetch_factor=self.prefetch_factor if workers > 0 else None,
             drop_last=train,
+            # Workers' seeds come from here, not from a draw of the global generator, whose sequence of draws
+            # (augmentation) must not depend on when loaders are iterated (a resume iterates them anew).
+            generator=torch.Generator().manual_seed(run_seed()),
         )
 
     def train_dataloader(self) -> DataLoader:
         if self.flip == "alternate":
             raise UserError("data.flip alternate needs the images in memory: CIFAR, or data.cache true")
-        loader = self._streaming_loader(self.train_set, train=True)
-        if self._loader_state is not None:
-            loader.load_state_dict(self._loader_state)  # pyright: ignore[reportAttributeAccessIssue]
-            self._loader_state = None
-        self._train_loader = loader
-        return loader
+        return self._streaming_loader(self.train_set, train=True)
 
     def val_dataloader(self) -> DataLoader:
         return self._streaming_loader(self.val_set)
@@ -224,16 +246,3 @@ class StreamingImageDataModule(ImageDataModule):
 
     def predict_dataloader(self) -> DataLoader:
         return self._streaming_loader(self.predict_set)
-
-    def state_dict(self) -> dict[str, Any]:
-        # The training loader's position rides in the DataModule's checkpoint entry, which Lightning restores
-        # before it asks for the loader: the fit loop's own copy of a loader state is not handed back to a
-        # StreamingDataLoader on resume.
-        state = super().state_dict()
-        if self._train_loader is not None:
-            state["stream_loader"] = self._train_loader.state_dict()
-        return state
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        super().load_state_dict(state_dict)
-        self._loader_state = state_dict.get("stream_loader")

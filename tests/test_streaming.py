@@ -1,0 +1,131 @@
+"""Streaming with litdata: `prepare` converts image files into chunks, `StreamingImageDataModule` trains from
+them, a run stopped mid-epoch resumes exactly, two DDP processes read disjoint shards, and bad inputs are one
+line. All on a dozen generated images in local folders: no object storage server runs here.
+"""
+
+import json
+import signal
+from pathlib import Path
+
+import lightning as L
+import pytest
+import torch
+
+from project.cli import main
+from project.data.streaming import METADATA, StreamingImageDataModule
+from tests.conftest import CONFIGS
+from tests.fakes import make_image_folder
+from tests.test_exact_resume import assert_same_weights, last_weights
+
+pytest.importorskip("litdata", reason="streaming is an optional extra: pip install -e '.[streaming]'")
+
+
+def prepare_args(images: Path, out: Path, *extra: object) -> list[str]:
+    args = ["prepare", "--config", CONFIGS / "folder.yaml", "--data.root", images]
+    args += [
+        "--data.cache_dir",
+        out.parent / "cache",
+        "--output_dir",
+        out,
+        "--size",
+        "16",
+        "--num_workers",
+        "1",
+    ]
+    return [str(a) for a in [*args, *extra]]
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory) -> Path:
+    """Two classes of six images (PNG and JPEG, mixed sizes and modes) prepared: train 10, val 2."""
+    root = tmp_path_factory.mktemp("streaming")
+    images = make_image_folder(root / "images", classes=2, per_class=6, extras=False)
+    main(prepare_args(images, root / "prepared"))
+    return root / "prepared"
+
+
+def fit_args(input_dir: Path, root: Path, *extra: object) -> list[str]:
+    args = [
+        "fit", "--config", CONFIGS / "streaming.yaml", "--data.input_dir", input_dir,
+        "--data.image_size", "8", "--data.batch_size", "2", "--data.num_workers", "0", "--data.cutout", "2",
+        "--model.net", "project.models.SimpleCNN", "--model.net.init_args.width", "4", "--model.scheduler", "null",
+        "--trainer.precision", "32-true", "--trainer.logger", "false", "--trainer.enable_progress_bar", "false",
+        "--trainer.enable_model_summary", "false", "--trainer.default_root_dir", root,
+    ]  # fmt: skip
+    return [str(a) for a in [*args, *extra]]
+
+
+def test_prepare_writes_splits_and_metadata(prepared):
+    meta = json.loads((prepared / METADATA).read_text())
+    assert meta["classes"] == ["c0", "c1"] and meta["multilabel"] is False
+    assert meta["splits"] == {"train": 10, "val": 2}
+    assert all(0 < m < 1 for m in meta["mean"]) and all(0 < s < 1 for s in meta["std"])
+    data = StreamingImageDataModule(str(prepared), image_size=8, batch_size=4, num_workers=0)
+    data.setup("fit")
+    images, targets = next(iter(data.train_dataloader()))
+    assert images.dtype == torch.uint8 and images.shape == (4, 3, 8, 8)
+    assert targets.dtype == torch.int64 and set(targets.tolist()) <= {0, 1}
+    seen = [int(y) for _, y in (data.train_set[i] for i in range(10))]  # pyright: ignore[reportOptionalSubscript]
+    assert sorted(seen) == [0] * 5 + [1] * 5  # every training image once, its label with it
+
+
+def test_prepare_then_fit_through_the_cli(prepared, tmp_path):
+    main(fit_args(prepared, tmp_path, "--trainer.fast_dev_run", "2"))
+
+
+def test_prepare_refuses_a_complete_dataset_without_overwrite(prepared, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(prepare_args(prepared.parent / "images", prepared))
+    assert exit_info.value.code == 1
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "already holds a prepared dataset" in err and "--overwrite" in err
+
+
+def one_line_error(args: list[str], capsys) -> str:
+    with pytest.raises(SystemExit) as exit_info:
+        main(args)
+    assert exit_info.value.code == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and err.count("\n") == 0, err
+    return err
+
+
+def test_missing_foreign_or_interrupted_input_dir_is_one_line(prepared, tmp_path, capsys):
+    missing = tmp_path / "nowhere"
+    assert f"data.input_dir {missing} does not exist" in one_line_error(fit_args(missing, tmp_path), capsys)
+    foreign = make_image_folder(tmp_path / "foreign", classes=2, per_class=1, extras=False)
+    err = one_line_error(fit_args(foreign, tmp_path), capsys)
+    assert f"has no {METADATA}: not a dataset made by `python -m project prepare`" in err
+    interrupted = tmp_path / "interrupted"  # the splits written, the metadata not yet
+    (interrupted / "train").mkdir(parents=True)
+    for name in ("index.json", "chunk-0-0.bin"):
+        (interrupted / "train" / name).write_bytes((prepared / "train" / name).read_bytes())
+    err = one_line_error(fit_args(interrupted, tmp_path), capsys)
+    assert "an interrupted prepare" in err and f"--output_dir {interrupted}" in err
+
+
+def test_a_run_stopped_mid_epoch_resumes_exactly(prepared, tmp_path):
+    # 10 training images in batches of 2: 5 steps an epoch; the stop comes at the 2nd step of the 2nd epoch.
+    run = ["--trainer.max_epochs", "3", "--trainer.limit_val_batches", "1"]
+    stop = ["--trainer.callbacks+=tests.test_exact_resume.TermAfterStep", "--trainer.callbacks.step", "7"]
+    main(fit_args(prepared, tmp_path / "whole", *run))
+    stopped = fit_args(prepared, tmp_path / "stopped", *run, *stop)
+    with pytest.raises(SystemExit) as exit_info:
+        main(stopped)
+    assert exit_info.value.code == 128 + signal.SIGTERM
+    main([*stopped, "--ckpt_path", "last"])
+    assert_same_weights(last_weights(tmp_path / "stopped"), last_weights(tmp_path / "whole"))
+
+
+class RecordBatches(L.Callback):
+    """Appends each training step's (global step, epoch, sum of each image) to a JSON-lines file."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch, batch_idx: int
+    ) -> None:
+        sums = batch[0].flatten(1).float().sum(1).tolist()
+        with open(self.path, "a") as f:
+            f.write(json.dumps([trainer.global_step, trainer.current_epoch, batch_idx, sums]) + "\n")
