@@ -15,6 +15,7 @@ from project.data.augment import mix_batch, random_erasing, random_resized_crop,
 from project.errors import UserError
 from project.lit import ImageClassifier
 from project.models import SimpleCNN
+from tests.conftest import CONFIGS
 from tests.test_exact_resume import assert_same_weights, folder_args, last_weights, stop_and_resume
 
 
@@ -202,3 +203,16 @@ def test_a_mixed_run_stopped_mid_epoch_resumes_bit_identical(image_folder, tmp_p
     stop_and_resume([*folder_args(image_folder, tmp_path / "stopped"), *recipe])
     main([*folder_args(image_folder, tmp_path / "whole", stop=-1), *recipe])
     assert_same_weights(last_weights(tmp_path / "stopped"), last_weights(tmp_path / "whole"))
+
+
+def test_the_photos_preset_trains(image_folder, tmp_path):
+    photos = [
+        "--config",
+        str(CONFIGS / "folder.yaml"),
+        "--config",
+        str(CONFIGS / "experiment" / "photos.yaml"),
+    ]
+    small = ["--data.image_size", "16", "--data.cache_size", "20", "--model.net", "project.models.SimpleCNN",
+             "--model.net.init_args.width", "4", "--data.num_workers", "0"]  # fmt: skip
+    args = folder_args(image_folder, tmp_path, stop=-1)  # fit --config cifar10.yaml, then the settings
+    main([args[0], *photos, *args[3:], *small, "--trainer.fast_dev_run", "true"])
