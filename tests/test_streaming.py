@@ -13,7 +13,7 @@ import torch
 
 from project.cli import main
 from project.data.streaming import METADATA, StreamingImageDataModule
-from tests.conftest import CONFIGS
+from tests.conftest import CONFIGS, run_cli
 from tests.fakes import make_image_folder
 from tests.test_exact_resume import assert_same_weights, last_weights
 
@@ -117,8 +117,9 @@ def test_a_run_stopped_mid_epoch_resumes_exactly(prepared, tmp_path):
     assert_same_weights(last_weights(tmp_path / "stopped"), last_weights(tmp_path / "whole"))
 
 
-class RecordBatches(L.Callback):
-    """Appends each training step's (global step, epoch, sum of each image) to a JSON-lines file."""
+class RecordImages(L.Callback):
+    """Writes, per process, each training image's pixel sum and its epoch to `path`.rank<N> (JSON lines): with
+    augmentation off, the sum tells the images apart."""
 
     def __init__(self, path: str) -> None:
         self.path = path
@@ -126,6 +127,40 @@ class RecordBatches(L.Callback):
     def on_train_batch_start(
         self, trainer: L.Trainer, pl_module: L.LightningModule, batch, batch_idx: int
     ) -> None:
-        sums = batch[0].flatten(1).float().sum(1).tolist()
-        with open(self.path, "a") as f:
-            f.write(json.dumps([trainer.global_step, trainer.current_epoch, batch_idx, sums]) + "\n")
+        sums = [round(v, 3) for v in batch[0].flatten(1).double().sum(1).tolist()]
+        with open(f"{self.path}.rank{trainer.global_rank}", "a") as f:
+            f.write(json.dumps([trainer.current_epoch, sums]) + "\n")
+
+
+def seen_images(path: Path, rank: int) -> dict[int, list[float]]:
+    """epoch -> the images (pixel sums) process `rank` trained on, in order."""
+    seen: dict[int, list[float]] = {}
+    for line in Path(f"{path}.rank{rank}").read_text().splitlines():
+        epoch, sums = json.loads(line)
+        seen.setdefault(epoch, []).extend(sums)
+    return seen
+
+
+def test_two_ddp_processes_read_disjoint_shards_covering_the_data(prepared, tmp_path):
+    record = ["--trainer.callbacks+=tests.test_streaming.RecordImages", "--trainer.callbacks.path"]
+    plain = [
+        "--data.batch_size",
+        "1",
+        "--data.cutout",
+        "0",
+        "--data.flip",
+        "false",
+        "--data.crop_padding",
+        "0",
+    ]
+    plain += ["--trainer.max_epochs", "2", "--trainer.limit_val_batches", "1"]
+    main(fit_args(prepared, tmp_path / "one", *plain, *record, str(tmp_path / "one")))
+    ddp = ["--config", str(CONFIGS / "trainer" / "ddp_cpu.yaml")]
+    run_cli(*fit_args(prepared, tmp_path / "two", *plain, *ddp, *record, str(tmp_path / "two")), cwd=tmp_path)
+    every_image = seen_images(tmp_path / "one", 0)[0]
+    assert len(set(every_image)) == 10  # the ten training images, told apart by their sums
+    for epoch in (0, 1):
+        rank0, rank1 = seen_images(tmp_path / "two", 0)[epoch], seen_images(tmp_path / "two", 1)[epoch]
+        assert len(rank0) == len(rank1) == 5
+        assert not set(rank0) & set(rank1)
+        assert sorted(rank0 + rank1) == sorted(every_image)
