@@ -111,13 +111,12 @@ def is_prepared(folder: Path) -> bool:
 
 def prepare(
     output_dir: str,
-    config: list[str] | None = None,
     size: int | None = 256,
     quality: int = 90,
     chunk_bytes: str = "64MB",
     num_workers: int | None = None,
     overwrite: bool = False,
-    overrides: list[str] | None = None,
+    fit_args: list[str] | None = None,
 ) -> dict[str, Any]:
     """Convert the image dataset of a config (class folders, CSV, multi-label CSV) into litdata's chunked
     format, one optimized dataset per split, for `StreamingImageDataModule` (configs/streaming.yaml).
@@ -129,13 +128,13 @@ def prepare(
 
     Args:
         output_dir: Local folder for the prepared dataset (created; copy it to object storage as it is).
-        config: Config file(s) whose `data` section names the source (e.g. configs/folder.yaml).
         size: Shorter side of the stored images, in pixels (never enlarged); null keeps the source resolution.
         quality: JPEG quality of re-encoded images (1-95).
         chunk_bytes: Size of litdata's chunks (the unit each worker downloads and reads).
         num_workers: Parallel encoding processes; default: one per available CPU.
         overwrite: Replace a dataset already prepared in output_dir (refused otherwise).
-        overrides: --data.* flags for the config parser (e.g. --data.root path/to/images).
+        fit_args: The `--config` file(s) and `--data.*` flags that name the source, read as `fit` reads them
+            (e.g. --config configs/folder.yaml --data.root path/to/images).
     """
     from project.cli.config import build_datamodule, parse_fit_args
     from project.data.datamodule import available_cpus
@@ -158,10 +157,7 @@ def prepare(
         raise UserError(
             f"--output_dir {out} already holds a prepared dataset ({METADATA}); add --overwrite to replace it"
         )
-    args: list[str] = []
-    for path in config or []:
-        args += ["--config", path]
-    _, parsed = parse_fit_args([*args, *(overrides or [])])
+    _, parsed = parse_fit_args(fit_args or [])
     data = build_datamodule(parsed)
     if not isinstance(data, ImageFilesDataModule):
         raise UserError(
@@ -228,10 +224,15 @@ def prepare(
     return metadata
 
 
-def main(args: list[str]) -> None:
+def parse_args(args: list[str]) -> dict[str, Any]:
+    """The keyword arguments of `prepare` for a command line (checks it without running anything)."""
     from project.cli.config import parse_tool_args
 
-    prepare(**parse_tool_args(prepare, args, prog="python -m project prepare"))
+    return parse_tool_args(prepare, args, prog="python -m project prepare")
+
+
+def main(args: list[str]) -> None:
+    prepare(**parse_args(args))
 
 
 __all__ = ["MAX_IMAGE_PIXELS", "METADATA", "prepare"]
