@@ -69,8 +69,17 @@ def test_prepare_writes_splits_and_metadata(prepared):
     assert sorted(seen) == [0] * 5 + [1] * 5  # every training image once, its label with it
 
 
-def test_prepare_then_fit_through_the_cli(prepared, tmp_path):
-    main(fit_args(prepared, tmp_path, "--trainer.fast_dev_run", "2"))
+def test_prepare_fit_predict_through_the_cli(prepared, tmp_path):
+    main(fit_args(prepared, tmp_path, "--trainer.max_steps", "2", "--trainer.limit_val_batches", "1"))
+    (ckpt,) = tmp_path.glob("runs/version_*/checkpoints/last.ckpt")
+    predict = fit_args(prepared, tmp_path, "--ckpt_path", ckpt)
+    main(["predict", *predict[1:]])
+    (written,) = tmp_path.glob("runs/version_*/predictions.csv")
+    rows = written.read_text().splitlines()
+    assert rows[0].startswith("input,class_index,class_name") and [r.split(",")[0] for r in rows[1:]] == [
+        "val/0",
+        "val/1",
+    ]  # no test split: the validation split, each image named by its place in it
 
 
 def test_multilabel_csv_streams_multi_hot_targets(prepared, tmp_path):
