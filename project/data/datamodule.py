@@ -43,9 +43,10 @@ class ImageDataModule(BatchAugmentMixin, L.LightningDataModule):
 
     Batches leave the DataLoader as `(uint8 images (B, C, H, W), targets)`: int64 labels (B,), or for
     multi-label data (`multilabel`) float32 multi-hot rows (B, num_classes). After they reach the
-    device, `on_after_batch_transfer` augments training batches (random crop with padding, horizontal
-    flip, optional Cutout: independent per image) and normalises every batch, on the GPU when there is
-    one. Prediction batches carry each sample's index instead of a label.
+    device, `on_after_batch_transfer` augments training batches (`BatchAugmentMixin`: crop, flip and the optional
+    regularisers, independent per image; a mixed batch gains soft targets) and brings every batch to the
+    network's input size and normalises it, on the GPU when there is one. Prediction batches carry each
+    sample's index instead of a label.
 
     The training order is a permutation per epoch drawn from the run's seed and the epoch, dealt to the
     processes by the loader itself, and its position is saved in every checkpoint: a run stopped in the
