@@ -140,11 +140,15 @@ def test_missing_foreign_or_interrupted_input_dir_is_one_line(prepared, tmp_path
         (interrupted / "train" / name).write_bytes((prepared / "train" / name).read_bytes())
     err = one_line_error(fit_args(interrupted, tmp_path), capsys)
     assert "an interrupted prepare" in err and f"--output_dir {interrupted}" in err
+    # What the message says to do: prepare again into the same folder, no --overwrite needed, replaces the splits.
+    main(prepare_args(prepared.parent / "images", interrupted))
+    assert json.loads((interrupted / METADATA).read_text())["splits"] == {"train": 10, "val": 2}
 
 
 def test_a_run_stopped_mid_epoch_resumes_exactly(prepared, tmp_path):
     # 10 training images in batches of 2: 5 steps an epoch; the stop comes at the 2nd step of the 2nd epoch.
-    run = ["--trainer.max_epochs", "3", "--trainer.limit_val_batches", "1"]
+    # One loader worker: the position is counted from the batches handed out, not from what the worker read ahead.
+    run = ["--trainer.max_epochs", "3", "--trainer.limit_val_batches", "1", "--data.num_workers", "1"]
     stop = ["--trainer.callbacks+=tests.test_exact_resume.TermAfterStep", "--trainer.callbacks.step", "7"]
     main(fit_args(prepared, tmp_path / "whole", *run))
     stopped = fit_args(prepared, tmp_path / "stopped", *run, *stop)
