@@ -145,10 +145,19 @@ def test_missing_foreign_or_interrupted_input_dir_is_one_line(prepared, tmp_path
     assert json.loads((interrupted / METADATA).read_text())["splits"] == {"train": 10, "val": 2}
 
 
-def test_a_run_stopped_mid_epoch_resumes_exactly(prepared, tmp_path):
+@pytest.mark.parametrize("workers", [0, 1])
+def test_a_run_stopped_mid_epoch_resumes_exactly(prepared, tmp_path, workers):
     # 10 training images in batches of 2: 5 steps an epoch; the stop comes at the 2nd step of the 2nd epoch.
-    # One loader worker: the position is counted from the batches handed out, not from what the worker read ahead.
-    run = ["--trainer.max_epochs", "3", "--trainer.limit_val_batches", "1", "--data.num_workers", "1"]
+    # In the main process, the epoch after the resumed one must not come out empty; through a worker, the
+    # position must count the batches handed out, not those the worker read ahead.
+    run = [
+        "--trainer.max_epochs",
+        "3",
+        "--trainer.limit_val_batches",
+        "1",
+        "--data.num_workers",
+        str(workers),
+    ]
     stop = ["--trainer.callbacks+=tests.test_exact_resume.TermAfterStep", "--trainer.callbacks.step", "7"]
     main(fit_args(prepared, tmp_path / "whole", *run))
     stopped = fit_args(prepared, tmp_path / "stopped", *run, *stop)
