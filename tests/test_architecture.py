@@ -145,6 +145,7 @@ FIT_CORE = set(
         "project.cli",
         "project.cli.config",
         "project.cli.lightning_notices",
+        "project.cli.trainer_callbacks",
         "project.data",
         "project.data.augment",
         "project.data.cifar",

@@ -65,12 +65,14 @@ def test_main_configs_instantiate_with_linked_classes(name, tmp_path, image_fold
     "extra", [pytest.param(n, marks=[pytest.mark.gpu, NO_CUDA]) if needs_gpu(n) else n for n in STACKABLE]
 )
 def test_stackable_configs_apply_on_top(extra, tmp_path, image_folder):
-    base = (
-        "folder.yaml" if extra.startswith("experiment/folder") else "cifar10.yaml"
-    )  # a folder recipe's preset
-    args = config_args(base, tmp_path, image_folder) + ["--config", str(CONFIGS / extra)]
-    cli = ProjectCLI(args=args, run=False)
     stacked = yaml.safe_load((CONFIGS / extra).read_text())
+    folder_preset = extra.startswith(("experiment/folder", "experiment/finetune"))
+    base = "folder.yaml" if folder_preset else "cifar10.yaml"
+    args = config_args(base, tmp_path, image_folder) + ["--config", str(CONFIGS / extra)]
+    if "pretrained" in stacked.get("model", {}).get("net", {}).get("init_args", {}):
+        # No download here: tests/test_pretrained.py loads the preset's weights from a local file.
+        args += ["--model.net.init_args.pretrained", "false"]
+    cli = ProjectCLI(args=args, run=False)
     for key, value in stacked.get("trainer", {}).items():
         if key == "logger" and value is False:
             assert not cli.trainer.loggers

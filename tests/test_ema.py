@@ -3,6 +3,7 @@ test and the tools that read a checkpoint's `state_dict` (export, quantize, serv
 stopped and resumed with `--ckpt_path last` ends with the very average (and trained weights) of a run never
 stopped."""
 
+import warnings
 from pathlib import Path
 
 import lightning as L
@@ -58,7 +59,10 @@ def test_validation_checkpoints_and_test_use_the_averaged_weights(fake_cifar, tm
 def test_resume_restores_the_average_exactly_and_export_reads_it(fake_cifar, tmp_path):
     whole, stopped = tmp_path / "whole", tmp_path / "stopped"
     # Stopped mid-epoch (step 21 of 48) by SIGTERM, then resumed: the same weights and average as never stopped.
-    main(fit_args(fake_cifar, whole, *EMA, stop=10**6))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        main(fit_args(fake_cifar, whole, *EMA, stop=10**6))
+    assert not [w for w in caught if "WeightAveraging" in str(w.message)]  # nothing to heed
     stop_and_resume(fit_args(fake_cifar, stopped, *EMA))
     (whole_last,) = whole.glob("runs/version_*/checkpoints/last.ckpt")
     (stopped_last,) = stopped.glob("runs/version_*/checkpoints/last.ckpt")
@@ -75,6 +79,21 @@ def test_resume_restores_the_average_exactly_and_export_reads_it(fake_cifar, tmp
     averaged, trained = checkpoint["state_dict"], checkpoint["current_model_state"]
     assert all(torch.equal(v, averaged[f"net.{k}"]) for k, v in net.items())
     assert not all(torch.equal(v, trained[f"net.{k}"]) for k, v in net.items())
+
+    # validate/test/predict from it: the average is in state_dict; there is nothing to average, nor to warn of.
+    args = fit_args(fake_cifar, whole, *EMA)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        main(["validate", *args[1:], "--ckpt_path", str(best)])
+    assert not [w for w in caught if "WeightAveraging" in str(w.message)]
+
+
+def test_ema_with_sharded_weights_is_refused_in_one_line(fake_cifar, tmp_path, capsys):
+    args = fit_args(fake_cifar, tmp_path, "--config", CONFIGS / "trainer" / "fsdp2_cpu.yaml", *EMA)
+    with pytest.raises(SystemExit):
+        main(args)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("error: EMAWeightAveraging keeps a whole copy of the network in every process")
 
 
 def ema_commands() -> list[str]:

@@ -11,15 +11,19 @@ import pytest
 import torch
 import torchvision
 
+from project.cli import ProjectCLI, main
 from project.errors import UserError
+from project.export.trained import load_trained
 from project.lit import ImageClassifier
 from project.lit.factories import build_optimizer, scaled_max_lr
 from project.models import SimpleCNN, TimmNet, TorchvisionNet
-from tests.conftest import ROOT
+from tests.conftest import CONFIGS, ROOT
+from tests.tiny_fit import command_args
 
 IMAGENET = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
 TINY_TIMM = "test_resnet.r160_in1k"  # timm's own test model: a small ResNet, its weights' mean/std 0.5
 TINY_TIMM_STATS = ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5))
+IMAGENET_TIMM = "test_efficientnet.r160_in1k"  # another, with ImageNet's mean/std
 
 
 def saved_timm_weights(path: Path, name: str = TINY_TIMM) -> dict[str, torch.Tensor]:
@@ -146,3 +150,97 @@ def test_backbone_lr_scale_needs_a_network_that_names_its_head():
 def test_timm_is_imported_only_by_a_run_that_uses_it():
     code = "import sys, project.cli, project.models; assert 'timm' not in sys.modules, 'timm imported'"
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, capture_output=True)
+
+
+def readme_or_config_commands() -> list[str]:
+    """The `python -m project` lines of the README and of the experiment presets' comments."""
+    texts = [
+        (ROOT / "README.md").read_text(),
+        *(p.read_text() for p in (CONFIGS / "experiment").glob("*.yaml")),
+    ]
+    lines = [line.lstrip("# ").split("  #")[0].strip() for text in texts for line in text.splitlines()]
+    return sorted({line for line in lines if line.startswith("python -m project ")})
+
+
+FINETUNE_COMMANDS = [c for c in readme_or_config_commands() if "finetune_timm.yaml" in c]
+
+
+@pytest.mark.parametrize("command", FINETUNE_COMMANDS)
+def test_the_finetune_commands_train_from_the_weights_a_download_would_give(
+    command, image_folder, tmp_path, monkeypatch
+):
+    # Each documented command at a test's scale, the weights where a download would have put them: timm's
+    # file given directly (the hub cache is Hugging Face's), torchvision's in its hub cache.
+    args = command_args(command.replace("path/to/images", str(image_folder)))
+    if "TorchvisionNet" in command:
+        monkeypatch.setenv("TORCH_HOME", str(tmp_path))
+        weights = (
+            tmp_path / "hub" / "checkpoints" / Path(torchvision.models.ResNet18_Weights.DEFAULT.url).name
+        )
+        weights.parent.mkdir(parents=True)
+        torch.manual_seed(1)
+        saved = torchvision.models.resnet18().state_dict()
+        torch.save(saved, weights)
+    else:
+        weights = tmp_path / "resnet18.a1_in1k.pth"
+        saved = saved_timm_weights(weights, "resnet18.a1_in1k")
+        args += ["--model.net.init_args.weights_file", str(weights)]
+    args += [
+        "--data.image_size", "32", "--data.batch_size", "8", "--data.cache_dir", str(tmp_path / "cache"),
+        "--data.skip_corrupt", "true",  # the fixture holds a broken file
+        "--trainer.max_epochs", "1", "--trainer.limit_train_batches", "2", "--trainer.limit_val_batches", "1",
+        "--trainer.accelerator", "cpu", "--trainer.precision", "32-true", "--trainer.logger", "false",
+        "--trainer.enable_progress_bar", "false", "--trainer.default_root_dir", str(tmp_path / "runs"),
+    ]  # fmt: skip
+    main(args)
+    (ckpt,) = (tmp_path / "runs").glob("runs/version_*/checkpoints/last.ckpt")
+    # Two steps at OneCycle's starting rate move each weight by ~1e-4: still the file's, not a fresh init's.
+    checkpoint = torch.load(ckpt, weights_only=True)
+    trained = checkpoint["state_dict"]
+    convs = [k for k, v in saved.items() if v.ndim == 4]
+    assert max(float((trained[f"net.net.{k}"] - saved[k]).abs().max()) for k in convs) < 1e-2
+    # The data was normalised as the weights expect (both are ImageNet's), and the checkpoint says so to
+    # export and serve.
+    assert checkpoint["ImageFolderDataModule"]["mean"] == pytest.approx(IMAGENET[0])
+    assert checkpoint["ImageFolderDataModule"]["std"] == pytest.approx(IMAGENET[1])
+    # Export rebuilds the network from the checkpoint: for timm, without loading the pretrained file again.
+    if "TorchvisionNet" not in command:
+        weights.unlink()
+    trained_net = load_trained(ckpt).net
+    assert torch.equal(trained_net.state_dict()["net.conv1.weight"], trained["net.net.conv1.weight"])
+
+
+def finetune_cli(image_folder: Path, tmp_path: Path, *extra: str, pretrained: bool = True) -> ProjectCLI:
+    weights = tmp_path / "weights.pth"
+    saved_timm_weights(weights, IMAGENET_TIMM)
+    args = [
+        "--config", str(CONFIGS / "folder.yaml"), "--config", str(CONFIGS / "experiment" / "finetune_timm.yaml"),
+        "--data.root", str(image_folder), "--data.skip_corrupt", "true", "--model.net.init_args.name", IMAGENET_TIMM,
+        "--trainer.default_root_dir", str(tmp_path), *extra,
+    ]  # fmt: skip
+    pretrained_args = ["--model.net.init_args.weights_file", str(weights)]
+    return ProjectCLI(
+        args=[*args, *(pretrained_args if pretrained else ["--model.net.init_args.pretrained", "false"])],
+        run=False,
+    )
+
+
+def test_the_data_uses_the_backbones_stats_unless_the_config_sets_its_own(image_folder, tmp_path):
+    data = finetune_cli(image_folder, tmp_path).datamodule
+    assert (data.mean, data.std) == IMAGENET
+    given = ["--data.mean", "[0.1, 0.2, 0.3]", "--data.std", "[0.3, 0.2, 0.1]"]
+    data = finetune_cli(image_folder, tmp_path, *given).datamodule
+    assert (data.mean, data.std) == ((0.1, 0.2, 0.3), (0.3, 0.2, 0.1))
+    scratch = finetune_cli(image_folder, tmp_path, pretrained=False)
+    assert not scratch.datamodule._given_stats  # from scratch: measured on the training images, as before
+
+
+def test_the_task_setting_gives_the_backbone_a_smaller_learning_rate():
+    net = TimmNet(TINY_TIMM, num_classes=3)
+    adamw = partial(torch.optim.AdamW, lr=1e-3)
+    task = ImageClassifier(net, num_classes=3, optimizer=adamw, backbone_lr_scale=0.1, layer_decay=0.5)
+    lrs = lrs_by_param(task.configure_optimizers())
+    assert lrs[id(net.net.fc.weight)][0] == 1e-3
+    assert lrs[id(net.net.conv1[0].weight)][0] == pytest.approx(1e-4 * 0.5 ** max(net.layer_ids().values()))
+    with pytest.raises(UserError, match="model.backbone_lr_scale needs a network that says which parameters"):
+        ImageClassifier(SimpleCNN(num_classes=3, width=4, hidden=8), num_classes=3, backbone_lr_scale=0.1)

@@ -18,10 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from lightning.fabric.plugins.environments.cluster_environment import ClusterEnvironment
-from lightning.fabric.plugins.environments.slurm import SLURMEnvironment
 from lightning.fabric.utilities.exceptions import MisconfigurationException
-from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint, ModelSummary, ProgressBar
 from lightning.pytorch.cli import LightningArgumentParser
 from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.utilities.exceptions import SIGTERMException
@@ -44,6 +41,7 @@ from project.cli.config import (
     task_class,
 )
 from project.cli.lightning_notices import quiet_lightning_notices
+from project.cli.trainer_callbacks import applicable_callbacks, stop_on_signals
 from project.data import ImageDataModule
 from project.errors import UserError, find_user_error, innermost_value_error, warn
 from project.lit import ImageTask
@@ -53,7 +51,6 @@ from project.run.checkpoints import check_fits, with_atomic_checkpoint_io
 from project.run.interrupts import CtrlCStopsAfterTheBatch
 from project.run.lightning_private import LightningCLIWithTrainerHook
 from project.run.plan import RunPlan, check_accelerator, plan_run, precision_for_this_machine
-from project.run.preemption import StopAndRequeue, StopTogether
 from project.run.provenance import LoggerSaveConfigCallback, RNGState, RunInfo
 from project.run.resume import LogsBeforeCheckpoints, keep_csv_metrics
 from project.run.run_folder import release_run_folders
@@ -142,9 +139,12 @@ class ProjectCLI(LightningCLIWithTrainerHook):
             raise find_user_error(e) or UserError(f"{innermost_value_error(e)}") from None
         built = self.config_init[self.subcommand] if self.subcommand else self.config_init
         self.datamodule, self.model = built["data"], built["model"]
-        check_task_fits_data(
-            self.model, self.datamodule
-        )  # one class per image, or a set of tags: before any data is read
+        check_task_fits_data(self.model, self.datamodule)  # one class or a set of tags: before data is read
+        # A pretrained network's weights expect inputs normalised as in their training: the data uses its
+        # mean/std unless the config sets data.mean/data.std (a checkpoint's own, once loaded, win over both).
+        net: Any = getattr(self.model, "net", None)
+        if hasattr(net, "input_stats") and isinstance(self.datamodule, ImageDataModule):
+            self.datamodule.use_network_stats(net.input_stats())
         self.trainer = self.instantiate_trainer()
 
     def configure_trainer(self, trainer_config: dict[str, Any], callbacks: list[Any]) -> list[Any]:
@@ -153,37 +153,12 @@ class ProjectCLI(LightningCLIWithTrainerHook):
             raise UserError(f"trainer.accumulate_grad_batches must be at least 1, got {accumulate}")
         trainer_config["precision"] = precision_for_this_machine(trainer_config.get("precision"))
         trainer_config["plugins"] = with_atomic_checkpoint_io(trainer_config.get("plugins"))
-        # Default callbacks step aside when the trainer flag they depend on is off, instead of raising.
-        drop: tuple[type, ...] = ()
-        if self.subcommand != "fit":  # nothing to checkpoint or schedule outside training
-            drop += (ModelCheckpoint, LearningRateMonitor)
-        if trainer_config.get("logger") in (False, None, []):
-            drop += (LearningRateMonitor,)
-        if trainer_config.get("enable_checkpointing") is False:
-            drop += (ModelCheckpoint,)
-        if trainer_config.get("enable_progress_bar") is False:
-            drop += (ProgressBar,)
-        if trainer_config.get("enable_model_summary") is False:
-            drop += (ModelSummary,)
-        callbacks = [c for c in callbacks if not isinstance(c, drop)]
-        if any(isinstance(c, ModelSummary) for c in callbacks):
-            trainer_config["enable_model_summary"] = False  # ours is there: Lightning need not add its own
-        callbacks.append(EffectiveBatchSize())
-        if self.subcommand == "fit":
-            # A signal to any one process stops every process at the same step (Lightning's own handlers can
-            # hang a run of several processes); inside a SLURM job the preemption warning also requeues it, and
-            # Lightning's SLURM handler, which saves a checkpoint inside the signal handler, is switched off.
-            stop: StopTogether = StopTogether()
-            if under_slurm(trainer_config["plugins"]):
-                trainer_config["plugins"].append(SLURMEnvironment(auto_requeue=False))
-                stop = StopAndRequeue()
-            if not any(
-                isinstance(c, StopTogether) for c in [*callbacks, *(trainer_config.get("callbacks") or [])]
-            ):
-                callbacks.append(stop)
+        callbacks = [*applicable_callbacks(self.subcommand, trainer_config, callbacks), EffectiveBatchSize()]
         if self.subcommand == "fit":  # (with a subcommand, there is a plan)
-            # Every checkpoint carries the RNG states and the run's identity; logs are on disk before it is.
+            # Every process stops at the same step on a signal to any one; every checkpoint carries the RNG
+            # states and the run's identity; logs are on disk before it is.
             callbacks += [
+                *stop_on_signals(trainer_config, callbacks),
                 RNGState(),
                 RunInfo(self.plan.settings),
                 LogsBeforeCheckpoints(),
@@ -228,11 +203,6 @@ class ProjectCLI(LightningCLIWithTrainerHook):
         return "--trainer.max_time, --trainer.max_steps or --trainer.max_epochs"
 
     before_validate = before_test = before_predict = _check_checkpoint_fits
-
-
-def under_slurm(plugins: list[Any]) -> bool:
-    """A run inside a SLURM job whose config chose no cluster environment of its own."""
-    return SLURMEnvironment.detect() and not any(isinstance(p, ClusterEnvironment) for p in plugins)
 
 
 def main(args: list[str] | None = None) -> None:

@@ -143,7 +143,8 @@ class CIFARDataModule(KFoldMixin, ImageDataModule):
             val_idx, train_idx = perm[: self.val_size], perm[self.val_size :]
             if self.num_folds is not None:  # and the statistics of the training folds, not of all 50,000
                 train_idx, val_idx = map(torch.tensor, self.fold_indices(targets.tolist()))
-                self.mean, self.std = channel_mean_std(images[train_idx].split(4096))
+                if not self._given_stats:  # (a pretrained network's own stats stay)
+                    self.mean, self.std = channel_mean_std(images[train_idx].split(4096))
             sample_transform = v2.TrivialAugmentWide() if self.trivial_augment else None
             self.train_set = TensorImageDataset(images, targets, train_idx, sample_transform=sample_transform)
             self.val_set = TensorImageDataset(images, targets, val_idx)

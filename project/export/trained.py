@@ -55,6 +55,11 @@ def build_net(config: Namespace, num_classes: int, input_shape: tuple[int, int, 
     from project.cli.config import instantiate_section
 
     net_config = config.model.init_args.net.clone()
+    # The checkpoint holds every weight: a pretrained network (TimmNet) need not load, or download, its own first.
+    if "pretrained" in net_config.init_args:
+        net_config.init_args.pretrained = False
+    if "weights_file" in net_config.init_args:
+        net_config.init_args.weights_file = None
     if "num_classes" in net_config.init_args:
         net_config.init_args.num_classes = num_classes
     if "input_shape" in net_config.init_args:
