@@ -83,6 +83,7 @@ class ProjectCLI(LightningCLIWithTrainerHook):
 
     def __init__(self, args: list[str] | None = None, run: bool = True, **kwargs: Any) -> None:
         argv = sys.argv[1:] if args is None else list(args)
+        quiet_lightning_notices()
         # Only the requested subcommand's parser is built (each one introspects every class anew).
         self._requested = str(argv[0]) if run and argv and str(argv[0]) in super().subcommands() else None
         super().__init__(
