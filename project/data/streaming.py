@@ -79,14 +79,25 @@ def read_metadata(input_dir: str) -> dict[str, Any]:
 
 
 def _read_remote(url: str) -> str:
-    """A small text file from object storage, through the same client litdata streams with (obstore)."""
-    import obstore
-    from obstore.store import from_url
+    """A small text file from object storage. Not through obstore: its runtime, once started in this process,
+    does not survive the fork of the loader workers (a segmentation fault)."""
+    import tempfile
 
-    prefix, _, name = url.rpartition("/")
     try:
-        return bytes(obstore.get(from_url(prefix), name).bytes()).decode()
-    except Exception as e:  # obstore raises its own error types for missing objects, credentials, networks
+        if url.startswith("s3://"):  # boto3, as litdata reads its index files
+            import boto3
+
+            bucket, _, key = url.removeprefix("s3://").partition("/")
+            return boto3.client("s3").get_object(Bucket=bucket, Key=key)["Body"].read().decode()
+        from litdata.streaming.downloader import get_downloader
+
+        with tempfile.TemporaryDirectory() as tmp:
+            local = Path(tmp) / METADATA
+            get_downloader(url.rpartition("/")[0], tmp, []).download_file(url, str(local))
+            return local.read_text()
+    except (
+        Exception
+    ) as e:  # each storage client raises its own types for missing objects, credentials, networks
         raise UserError(f"cannot read {url}: {type(e).__name__}: {str(e).strip().splitlines()[0]}") from None
 
 
@@ -191,7 +202,8 @@ class StreamingImageDataModule(ImageDataModule):
         if self.cache_dir is not None:
             from litdata.streaming.resolver import Dir
 
-            kwargs["input_dir"] = Dir(path=self.cache_dir, url=self._split_dir(split))
+            # One folder per split: their chunks have the same names.
+            kwargs["input_dir"] = Dir(path=str(Path(self.cache_dir) / split), url=self._split_dir(split))
         else:
             kwargs["input_dir"] = self._split_dir(split)
         return StreamingDataset(
