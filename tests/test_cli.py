@@ -20,7 +20,7 @@ MAIN_CONFIGS = ["cifar10.yaml", "cifar100.yaml", "folder.yaml", "csv.yaml", "csv
 STACKABLE = sorted(
     str(p.relative_to(CONFIGS))
     for p in CONFIGS.rglob("*.yaml")
-    if p.relative_to(CONFIGS).parts[0] not in ("search", "sweeps", *MAIN_CONFIGS)
+    if p.relative_to(CONFIGS).parts[0] not in ("search", "sweeps", "streaming.yaml", *MAIN_CONFIGS)
 )
 
 
@@ -66,7 +66,7 @@ def test_main_configs_instantiate_with_linked_classes(name, tmp_path, image_fold
 )
 def test_stackable_configs_apply_on_top(extra, tmp_path, image_folder):
     stacked = yaml.safe_load((CONFIGS / extra).read_text())
-    folder_preset = extra.startswith(("experiment/folder", "experiment/finetune"))
+    folder_preset = extra.startswith(("experiment/folder", "experiment/finetune", "experiment/photos"))
     base = "folder.yaml" if folder_preset else "cifar10.yaml"
     args = config_args(base, tmp_path, image_folder) + ["--config", str(CONFIGS / extra)]
     if "pretrained" in stacked.get("model", {}).get("net", {}).get("init_args", {}):

@@ -34,7 +34,8 @@ MAY_CHANGE = ("ckpt_path", "trainer.max_epochs", "trainer.max_steps", "trainer.m
 #: learned from: `--ckpt_path best` finds a run's best checkpoint whatever they are.
 HOW_DATA_IS_READ = frozenset(
     ("predict_root", "predict_csv", "test_csv", "skip_corrupt", "batch_size", "num_workers",
-     "prefetch_factor", "pin_memory", "persistent_workers", "cache", "cache_dir", "on_device")
+     "prefetch_factor", "pin_memory", "persistent_workers", "cache", "cache_dir", "on_device",
+     "max_cache_size", "predict_split")
 )  # fmt: skip
 
 
