@@ -71,3 +71,16 @@ def test_bad_inputs_write_nothing(exported, tmp_path):
     with pytest.raises(UserError, match="model file .* does not exist"):
         predict_onnx(str(tmp_path / "none.onnx"), str(folder), output=str(out))
     assert not out.exists() and not list(tmp_path.glob(".p.csv*"))
+
+
+def test_every_unreadable_image_is_named_or_all_are_left_out(exported, tmp_path, capsys):
+    folder = make_image_folder(tmp_path / "mixed", classes=1, per_class=3, extras=False)
+    (folder / "c0" / "empty.png").write_bytes(b"")
+    (folder / "c0" / "half.png").write_bytes((folder / "c0" / "img2.png").read_bytes()[:50])
+    out = tmp_path / "p.csv"
+    with pytest.raises(UserError, match=r"unreadable image file\(s\): .*empty\.png.*half\.png"):
+        predict_onnx(str(exported), str(folder), output=str(out))
+    assert not out.exists()
+    predict_onnx(str(exported), str(folder), output=str(out), skip_corrupt=True)
+    assert len(out.read_text().splitlines()) == 1 + 3  # the header and the three readable images
+    assert "leaving out 2 unreadable image(s)" in capsys.readouterr().err

@@ -13,6 +13,7 @@ from pathlib import Path
 from torch.utils.data import DataLoader, Dataset
 
 from project.atomic_files import atomic_path, check_writable
+from project.data.image_cache import readable_files
 from project.data.images import MAX_IMAGE_PIXELS, ImageFileDataset, list_images
 from project.data.tensor_dataset import TensorImageDataset, collate_pre_batched
 from project.errors import UserError
@@ -43,12 +44,16 @@ def _cifar(spec: str, data_dir: str, pre: Preprocessing) -> tuple[Dataset, list[
     return TensorImageDataset(images), [f"{name}/{split}/{i}" for i in range(len(images))]
 
 
-def _folder(folder: Path, pre: Preprocessing, max_pixels: int) -> tuple[Dataset, list[str]]:
+def _folder(
+    folder: Path, pre: Preprocessing, max_pixels: int, skip_corrupt: bool
+) -> tuple[Dataset, list[str]]:
     if not folder.is_dir():
         raise UserError(f"--input {folder} is neither a folder nor one of {', '.join(CIFAR_SPLITS)}")
     files = list_images(folder)
     if not files:
         raise UserError(f"--input folder {folder} contains no images")
+    # Every unreadable file named at once, before any is classified (or all of them left out, with a warning).
+    files = readable_files(files, max_pixels, skip_corrupt)
     return ImageFileDataset(files, None, pre.image_size, max_pixels), [str(f) for f in files]
 
 
@@ -61,6 +66,7 @@ def predict_onnx(
     num_workers: int = 0,
     threads: int | None = None,
     max_image_pixels: int = MAX_IMAGE_PIXELS,
+    skip_corrupt: bool = False,
 ) -> Path:
     """Classify a folder of images (any size and mode) or a CIFAR split with an exported ONNX model.
 
@@ -77,6 +83,8 @@ def predict_onnx(
         num_workers: DataLoader processes decoding image files in parallel.
         threads: ONNX Runtime intra-op threads (default: all cores).
         max_image_pixels: Largest width x height read; a larger image (a decompression bomb) is an error.
+        skip_corrupt: Leave unreadable images out with one warning naming them, instead of stopping with an
+            error that names every one.
     """
     if batch_size < 1:
         raise UserError(f"--batch_size must be at least 1, got {batch_size}")
@@ -85,7 +93,9 @@ def predict_onnx(
     path = Path(output)
     check_writable(path.parent, "output", hint="before any image is classified")
     dataset, names = (
-        _cifar(input, data_dir, pre) if input in CIFAR_SPLITS else _folder(Path(input), pre, max_image_pixels)
+        _cifar(input, data_dir, pre)
+        if input in CIFAR_SPLITS
+        else _folder(Path(input), pre, max_image_pixels, skip_corrupt)
     )
     batched = isinstance(dataset, TensorImageDataset)
     loader = DataLoader(
