@@ -10,7 +10,7 @@ ARGS ?=
 # versions the pins were not made on).
 CONSTRAINTS ?= constraints.txt
 # The optional dependencies installed with the project (the pins cover all of them).
-EXTRAS ?= dev,postgres
+EXTRAS ?= dev,postgres,streaming
 # The lint hooks run the environment's tools (see .pre-commit-config.yaml).
 WITH_VENV := PATH="$(abspath $(VENV))/bin:$$PATH"
 
