@@ -84,7 +84,13 @@ def _training_fit(worker: subprocess.Popen, seconds: float = 240) -> tuple[psuti
     while time.monotonic() < deadline:
         assert worker.poll() is None, worker.communicate()
         for child in psutil.Process(worker.pid).children(recursive=True):
-            with_root = child.cmdline()
+            try:
+                with_root = child.cmdline()
+            except (
+                psutil.NoSuchProcess,
+                psutil.AccessDenied,
+            ):  # a short-lived helper gone (or a zombie) meanwhile
+                continue
             if "fit" in with_root and "--trainer.default_root_dir" in with_root:
                 folder = with_root[
                     len(with_root) - 1 - with_root[::-1].index("--trainer.default_root_dir") + 1
