@@ -12,9 +12,10 @@ import pytest
 import torch
 
 from project.cli import main
+from project.data.cifar import CIFARDataModule
 from project.data.streaming import METADATA, StreamingImageDataModule
 from tests.conftest import CONFIGS, run_cli
-from tests.fakes import make_image_folder
+from tests.fakes import CIFAR10_CLASSES, make_fake_cifar, make_image_folder, patch_cifar_integrity
 from tests.test_exact_resume import assert_same_weights, last_weights
 
 pytest.importorskip("litdata", reason="streaming is an optional extra: pip install -e '.[streaming]'")
@@ -100,15 +101,43 @@ def test_multilabel_csv_streams_multi_hot_targets(prepared, tmp_path):
     assert ((targets == 0) | (targets == 1)).all() and (targets[:, 1:].sum(1) == 1).all()
 
 
-def test_prepare_of_a_missing_folder_or_of_cifar_is_one_line(tmp_path, capsys):
+def test_prepare_of_a_missing_folder_or_cifar_is_one_line(tmp_path, capsys):
     missing = tmp_path / "nowhere"
     err = one_line_error(prepare_args(missing, tmp_path / "out"), capsys)
     assert f"data.root {missing} does not exist" in err
     args = ["prepare", "--config", str(CONFIGS / "cifar10.yaml"), "--data.download", "false"]
     args += ["--data.data_dir", str(tmp_path), "--output_dir", str(tmp_path / "out")]
     err = one_line_error(args, capsys)
-    assert "prepare converts image files" in err and "CIFARDataModule" in err
+    assert f"cifar10 is not in {tmp_path}" in err and "cifar-10-python.tar.gz" in err
     assert not (tmp_path / "out").exists()
+
+
+def test_prepare_cifar_from_torchvision_files_and_fit(tmp_path):
+    patch_cifar_integrity()
+    make_fake_cifar(tmp_path / "cifar", per_batch=4, n_test=3)  # 20 training images, 3 test images
+    out = tmp_path / "prepared"
+    main(["prepare", "--config", str(CONFIGS / "cifar10.yaml"), "--data.data_dir", str(tmp_path / "cifar"),
+          "--data.download", "false", "--data.val_size", "4", "--output_dir", str(out), "--num_workers", "1",
+          "--num_folds", "null"])  # fmt: skip
+    meta = json.loads((out / METADATA).read_text())
+    assert meta["classes"] == CIFAR10_CLASSES and meta["source"] == "CIFARDataModule"
+    assert meta["splits"] == {"train": 16, "val": 4, "test": 3} and meta["folds"] is None
+    # The same images and labels as CIFARDataModule's own split, up to JPEG: each stored image is its
+    # CIFAR image at 32 px (never enlarged), under the label torchvision reads.
+    cifar = CIFARDataModule(data_dir=str(tmp_path / "cifar"), download=False, val_size=4)
+    cifar.setup("fit")
+    assert cifar.val_set is not None
+    data = StreamingImageDataModule(str(out), image_size=32, num_workers=0)
+    data.setup("fit")
+    assert data.val_set is not None
+    rows = cifar.val_set.indices.tolist()
+    originals = [cifar.val_set.images[r].int() for r in rows]
+    for k, row in enumerate(rows):  # the validation split is stored in its own order
+        image, label = data.val_set[k]
+        errors = [(image.int() - o).abs().float().mean().item() for o in originals]
+        assert min(range(4), key=errors.__getitem__) == k and label == int(cifar.val_set.targets[row])  # pyright: ignore[reportOptionalSubscript]
+    main(fit_args(out, tmp_path, "--trainer.max_steps", "2", "--trainer.limit_val_batches", "1"))
+    assert list(tmp_path.glob("runs/version_*/checkpoints/last.ckpt"))
 
 
 def test_prepare_refuses_a_complete_dataset_without_overwrite(prepared, capsys):
@@ -215,3 +244,55 @@ def test_two_ddp_processes_read_disjoint_shards_covering_the_data(prepared, tmp_
         assert len(rank0) == len(rank1) == 5
         assert not set(rank0) & set(rank1)
         assert sorted(rank0 + rank1) == sorted(every_image)
+
+
+def test_prepare_records_stratified_folds_the_datamodule_reads(prepared):
+    meta = json.loads((prepared / METADATA).read_text())
+    assert meta["folds"] == {"seed": 0, "sizes": [2] * 5}  # 5 images of each class in 5 folds (the default)
+
+    def images(dataset) -> dict[float, int]:
+        """pixel sum -> label of every image of a split, which the sums tell apart."""
+        return {float(x.double().sum()): int(y) for x, y in (dataset[i] for i in range(len(dataset)))}
+
+    whole = StreamingImageDataModule(str(prepared), image_size=8, num_workers=0)
+    whole.setup("fit")
+    every = images(whole.train_set)
+    validated: list[float] = []
+    for fold in range(5):
+        data = StreamingImageDataModule(str(prepared), image_size=8, num_workers=0, num_folds=5, fold=fold)
+        data.setup("fit")
+        train, val = images(data.train_set), images(data.val_set)
+        assert sorted(val.values()) == [0, 1]  # stratified: one image of each class
+        assert len(train) == 8 and not set(train) & set(val) and train | val == every
+        validated += list(val)
+    assert sorted(validated) == sorted(every)  # every training image validates in exactly one fold
+    data = StreamingImageDataModule(
+        str(prepared), image_size=8, batch_size=2, num_workers=0, num_folds=5, fold=4
+    )
+    data.setup("fit")
+    loaded = [float(x.double().sum()) for batch, _ in data.train_dataloader() for x in batch]
+    assert sorted(loaded) == sorted(train)  # the training folds stream through the loader, each image once
+
+
+def test_folds_other_than_those_prepared_are_one_line(prepared, tmp_path, capsys):
+    err = one_line_error(fit_args(prepared, tmp_path, "--data.num_folds", "3"), capsys)
+    assert (
+        f"data.num_folds=3: {prepared} was prepared with 5 folds; prepare it again with --num_folds 3" in err
+    )
+    out = tmp_path / "no_folds"
+    main(prepare_args(prepared.parent / "images", out, "--num_folds", "null"))
+    err = one_line_error(fit_args(out, tmp_path, "--data.num_folds", "5"), capsys)
+    assert f"{out} was prepared without folds" in err
+
+
+@pytest.mark.slow
+def test_cv_over_the_prepared_folds(prepared, tmp_path):
+    args = fit_args(prepared, tmp_path, "--trainer.max_epochs", "1", "--trainer.limit_train_batches", "2")
+    result = run_cli(
+        "cv", *args[1:], "--folds", "5", "--folds_to_run", "0,4", "--wandb", "false", cwd=tmp_path
+    )
+    study = tmp_path / "cv" / "streaming"
+    for k in (0, 4):
+        fold = json.loads((study / f"fold_{k}" / "fold_result.json").read_text())
+        assert fold["fold"] == k and 0 <= fold["val/acc"] <= 1
+    assert "folds 1, 2, 3 are not complete yet" in result.stdout

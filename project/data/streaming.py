@@ -16,6 +16,7 @@ from torch import Tensor
 from torch.utils.data import DataLoader
 
 from project.data.datamodule import ImageDataModule, available_cpus
+from project.data.folds import KFoldMixin
 from project.data.images import MAX_IMAGE_PIXELS, decode_image
 from project.data.samplers import run_seed
 from project.errors import UserError
@@ -98,7 +99,15 @@ def _read_remote(url: str) -> str:
     except (
         Exception
     ) as e:  # each storage client raises its own types for missing objects, credentials, networks
-        raise UserError(f"cannot read {url}: {type(e).__name__}: {str(e).strip().splitlines()[0]}") from None
+        missing = "NoSuchKey" in type(e).__name__ or "Not Found" in str(e) or "NoSuchKey" in str(e)
+        hint = (
+            ": not a dataset made by `python -m project prepare`, or an interrupted one (prepare it again)"
+            if missing
+            else ""
+        )
+        raise UserError(
+            f"cannot read {url}: {type(e).__name__}: {str(e).strip().splitlines()[0]}{hint}"
+        ) from None
 
 
 _LOADER_CLASS: list[type] = []
@@ -130,7 +139,7 @@ def resumable_loader_class() -> type:
     return _LOADER_CLASS[0]
 
 
-class StreamingImageDataModule(ImageDataModule):
+class StreamingImageDataModule(KFoldMixin, ImageDataModule):
     """Images streamed from a dataset prepared by `python -m project prepare`: class names, multi-label or
     not, the splits and the training images' mean and std come from its metadata.
 
@@ -151,7 +160,9 @@ class StreamingImageDataModule(ImageDataModule):
         max_cache_size: Most disk the downloaded chunks may take (e.g. "50GB"); older chunks are evicted.
         predict_split: The split `predict` reads (`test`, `val` or `train`); default: test, else val.
         crop_padding: Padding of the training random crop; default `image_size // 8`.
-        **kwargs: The loader and augmentation settings of `ImageDataModule` (batch_size, num_workers, ...).
+        **kwargs: `num_folds` and `fold` (cross-validation over the folds `prepare --num_folds` recorded: fold
+            `fold` of the training split validates, the others train; num_folds must be the number recorded),
+            and the loader and augmentation settings of `ImageDataModule` (batch_size, num_workers, ...).
     """
 
     def __init__(
@@ -178,6 +189,13 @@ class StreamingImageDataModule(ImageDataModule):
                 f"data.predict_split {predict_split!r} is not a split of {self.input_dir} ({', '.join(splits)})"
             )
         self.predict_split = predict_split or ("test" if "test" in splits else "val")
+        folds = self.meta.get("folds")
+        if self.num_folds is not None and (not folds or len(folds["sizes"]) != self.num_folds):
+            recorded = f"with {len(folds['sizes'])} folds" if folds else "without folds"
+            raise UserError(
+                f"data.num_folds={self.num_folds}: {self.input_dir} was prepared {recorded}; prepare it again "
+                f"with --num_folds {self.num_folds}, or set data.num_folds to the number recorded"
+            )
         self.mean, self.std = tuple(self.meta["mean"]), tuple(self.meta["std"])
 
     @property
@@ -218,15 +236,27 @@ class StreamingImageDataModule(ImageDataModule):
     def setup(self, stage: str) -> None:
         # Made here, after the processes have joined: litdata reads the distributed environment when a dataset is
         # created, to give each process its own chunks.
-        if self.train_set is None:
+        if self.train_set is None and self.num_folds is None:
             self.train_set = self._dataset("train", train=True)
             self.val_set = self._dataset("val")
+        elif self.train_set is None:  # fold `fold` of the training split validates, the others train
+            train_rows, val_rows = self.fold_rows()
+            self.train_set = self._dataset("train", train=True).subset(train_rows)
+            self.val_set = self._dataset("train").subset(val_rows)
         if stage == "test" and self.test_set is None:
             self.test_set = self._dataset("test" if "test" in self.meta["splits"] else "val")
         if stage == "predict" and self.predict_set is None:
             self.predict_set = self._dataset(self.predict_split, index=True)
             count = self.meta["splits"][self.predict_split]
             self.predict_names = [f"{self.predict_split}/{i}" for i in range(count)]
+
+    def fold_rows(self) -> tuple[list[int], list[int]]:
+        """(training rows, validation rows) of the training split for fold `fold`: prepare stores the split fold
+        after fold, so a fold is one range of rows."""
+        sizes = self.meta["folds"]["sizes"]
+        start = sum(sizes[: self.fold])
+        end = start + sizes[self.fold]
+        return [*range(start), *range(end, sum(sizes))], list(range(start, end))
 
     def _streaming_loader(self, dataset: Any, train: bool = False) -> DataLoader:
         if dataset is None:
