@@ -24,6 +24,11 @@ def run() -> None:
 
         print_commands()
         return
+    from project import SUBCOMMANDS
+    from project.run.startup import pause_garbage_collection
+
+    if sys.argv[1] in SUBCOMMANDS:  # resumed as the Trainer starts (ProjectCLI.before_<subcommand>)
+        pause_garbage_collection()
     from project.cli import main
 
     try:

@@ -187,6 +187,7 @@ FIT_CORE = set(
         "project.run.provenance",
         "project.run.resume",
         "project.run.run_folder",
+        "project.run.startup",
         "project.run.wandb_logger",
     ]
 )

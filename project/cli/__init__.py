@@ -54,6 +54,7 @@ from project.run.plan import RunPlan, check_accelerator, plan_run, precision_for
 from project.run.provenance import LoggerSaveConfigCallback, RNGState, RunInfo
 from project.run.resume import LogsBeforeCheckpoints, keep_csv_metrics
 from project.run.run_folder import release_run_folders
+from project.run.startup import resume_garbage_collection
 from project.run.wandb_logger import finish_runs
 
 __all__ = ["ProjectCLI", "fit_parser", "main", "parse_fit_args", "split_args", "SEED"]
@@ -125,7 +126,10 @@ class ProjectCLI(LightningCLIWithTrainerHook):
         # Planned right away: before LightningCLI reads hyperparameters from `--ckpt_path`, which the plan checks.
         subcommand = self.config.get("subcommand")
         config = self.config[subcommand] if subcommand else self.config
-        dumped = yaml.safe_load(self.parser.dump(self.config, skip_unset=False, skip_link_targets=False))
+        # skip_validation: parsing has just validated the config; a validating dump checks every class in it
+        # again, rebuilding their parsers, and writes the same text.
+        text = self.parser.dump(self.config, skip_unset=False, skip_link_targets=False, skip_validation=True)
+        dumped = yaml.safe_load(text)
         task = task_class(config.model.class_path)
         self.plan = plan_run(subcommand, config, dumped.get(subcommand, dumped), task)
 
@@ -169,14 +173,16 @@ class ProjectCLI(LightningCLIWithTrainerHook):
         return callbacks
 
     # -- 4. run -------------------------------------------------------------------------------------------------
-    def _check_checkpoint_fits(self) -> None:
-        """A checkpoint that does not fit the network: one line with the mismatched keys and shapes, before
-        anything runs (Lightning's own message is a wall of keys, after the data is loaded)."""
+    def _before_run(self) -> None:
+        """Start-up is over (project.run.startup): the collector runs again. Then a checkpoint that does not fit
+        the network is one line with the mismatched keys and shapes, before anything runs (Lightning's own
+        message is a wall of keys, after the data is loaded)."""
+        resume_garbage_collection()
         if self.plan.ckpt_shapes is not None:
             check_fits(self.model, self.plan.ckpt_shapes, source=f"checkpoint {self.plan.ckpt_path}")
 
     def before_fit(self) -> None:
-        self._check_checkpoint_fits()
+        self._before_run()
         resume = self.plan.resume
         if resume is None or not self.trainer.is_global_zero:
             return
@@ -203,7 +209,7 @@ class ProjectCLI(LightningCLIWithTrainerHook):
             return f"--trainer.max_epochs ({trainer.max_epochs})"
         return "--trainer.max_time, --trainer.max_steps or --trainer.max_epochs"
 
-    before_validate = before_test = before_predict = _check_checkpoint_fits
+    before_validate = before_test = before_predict = _before_run
 
 
 def main(args: list[str] | None = None) -> None:
@@ -212,6 +218,7 @@ def main(args: list[str] | None = None) -> None:
     quiet_lightning_notices()
     try:
         if argv and argv[0] in TOOLS:
+            resume_garbage_collection()  # (paused only for the subcommands; a tool may run for hours)
             module, function = TOOLS[argv[0]][0].split(":")
             getattr(importlib.import_module(module), function)(argv[1:])
             return

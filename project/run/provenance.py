@@ -108,7 +108,8 @@ class LoggerSaveConfigCallback(SaveConfigCallback):
         if not self.already_saved:
             log_dir = trainer.log_dir  # a collective (broadcast from rank 0): every rank asks
             if trainer.is_global_zero:
-                text = self.parser.dump(self.config, skip_unset=False)
+                # The config as parsed (and validated then): a validating dump would check it all over again.
+                text = self.parser.dump(self.config, skip_unset=False, skip_validation=True)
                 atomic_write_text(Path(log_dir) / self.config_filename, text)
         super().setup(trainer, pl_module, stage)  # save_to_log_dir=False: the loggers' copy only
 
@@ -139,10 +140,24 @@ def package_versions() -> dict[str, str]:
     """Every installed distribution: name -> version (what `pip freeze` would pin)."""
     versions = {}
     for dist in metadata.distributions():
-        name = dist.metadata["Name"]
+        name, version = name_and_version(dist.read_text("METADATA") or dist.read_text("PKG-INFO") or "")
         if name:
-            versions[name.lower()] = dist.version
+            versions[name.lower()] = version
     return dict(sorted(versions.items()))
+
+
+def name_and_version(core_metadata: str) -> tuple[str | None, str | None]:
+    """The `Name` and `Version` fields of a distribution's METADATA text. Read from its header lines only:
+    `Distribution.metadata` parses every file whole as an e-mail message (long descriptions included), which
+    for a few hundred installed packages is most of what collecting a run's info costs."""
+    fields: dict[str, str] = {}
+    for line in core_metadata.splitlines():
+        if not line:  # the header ends at the first empty line (the description follows)
+            break
+        key, _, value = line.partition(":")
+        if key in ("Name", "Version") and key not in fields:
+            fields[key] = value.strip()
+    return fields.get("Name"), fields.get("Version")
 
 
 def collect_run_info() -> dict[str, Any]:
