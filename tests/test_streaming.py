@@ -1,6 +1,7 @@
-"""Streaming with litdata: `prepare` converts image files into chunks, `StreamingImageDataModule` trains from
-them, a run stopped mid-epoch resumes exactly, two DDP processes read disjoint shards, and bad inputs are one
-line. All on a dozen generated images in local folders: no object storage server runs here.
+"""Streaming with litdata: `prepare` converts image files and CIFAR into chunks with stratified folds,
+`StreamingImageDataModule` trains from them (and from a fold of them), a run stopped mid-epoch resumes exactly,
+two DDP processes read disjoint shards, and bad inputs are one line. All on a dozen generated images in local
+folders; object storage is tests/test_streaming_s3.py.
 """
 
 import json
@@ -45,7 +46,7 @@ def prepared(tmp_path_factory) -> Path:
     return root / "prepared"
 
 
-def fit_args(input_dir: Path, root: Path, *extra: object) -> list[str]:
+def fit_args(input_dir: Path | str, root: Path, *extra: object) -> list[str]:
     args = [
         "fit", "--config", CONFIGS / "streaming.yaml", "--data.input_dir", input_dir,
         "--data.image_size", "8", "--data.batch_size", "2", "--data.num_workers", "0", "--data.cutout", "2",
@@ -296,3 +297,26 @@ def test_cv_over_the_prepared_folds(prepared, tmp_path):
         fold = json.loads((study / f"fold_{k}" / "fold_result.json").read_text())
         assert fold["fold"] == k and 0 <= fold["val/acc"] <= 1
     assert "folds 1, 2, 3 are not complete yet" in result.stdout
+
+
+def test_a_prepare_whose_chunks_did_not_all_arrive_writes_no_metadata(
+    prepared, tmp_path, capsys, monkeypatch
+):
+    import litdata
+
+    optimize = litdata.optimize
+
+    def losing_a_chunk(
+        **kwargs,
+    ) -> None:  # as a writer or uploader process that died without optimize raising
+        optimize(**kwargs)
+        next(Path(kwargs["output_dir"]).glob("chunk-*.bin")).unlink()
+
+    monkeypatch.setattr(litdata, "optimize", losing_a_chunk)
+    out = tmp_path / "lost"
+    err = one_line_error(prepare_args(prepared.parent / "images", out), capsys)
+    assert f"prepare of {out}/train did not finish: 1 of its 1 chunks are missing (chunk-0-0.bin" in err
+    assert not (out / METADATA).exists()
+    monkeypatch.undo()  # and, as the message says, a new prepare completes it
+    main(prepare_args(prepared.parent / "images", out))
+    assert json.loads((out / METADATA).read_text())["splits"] == {"train": 10, "val": 2}

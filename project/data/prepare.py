@@ -22,12 +22,9 @@ from typing import Any
 from project.atomic_files import atomic_write_text
 from project.data.images import MAX_IMAGE_PIXELS
 from project.data.prepare_sources import encode_sample, fold_order, mean_std, read_source, target_of
+from project.data.streaming_metadata import FORMAT, METADATA, check_s3_endpoint
 from project.errors import UserError
 
-#: The metadata file of a prepared dataset; its presence marks the dataset complete.
-METADATA = "streaming.json"
-#: The version of the sample layout and metadata this module writes (and the DataModule reads).
-FORMAT = 1
 SPLITS = ("train", "val", "test")
 
 
@@ -67,6 +64,17 @@ class _Bucket:
         except Exception as e:  # no credentials, no network, no such endpoint
             raise UserError(f"--output_dir {self.url}: {type(e).__name__}: {e}") from None
         return True
+
+    def chunks_missing(self, split: str, names: list[str]) -> list[str]:
+        """Which of the chunk files `names` of `split` are not in the bucket."""
+        prefix = f"{self.key.removesuffix(METADATA)}{split}/"
+        pages = self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix)
+        found = {item["Key"].removeprefix(prefix) for page in pages for item in page.get("Contents", [])}
+        return [n for n in names if n not in found]
+
+    def read_index(self, split: str) -> str:
+        key = f"{self.key.removesuffix(METADATA)}{split}/index.json"
+        return self.client.get_object(Bucket=self.bucket, Key=key)["Body"].read().decode()
 
     def remove_metadata(self) -> None:
         self.client.delete_object(Bucket=self.bucket, Key=self.key)
@@ -122,6 +130,7 @@ def prepare(
                 f"--output_dir {output_dir}: prepare writes a local folder or s3://bucket/prefix; for other "
                 "object stores, prepare a local folder and copy it there as it is"
             )
+        check_s3_endpoint(output_dir)
         bucket = _Bucket(output_dir)
         out_name = bucket.url
         done = bucket.has_metadata()
@@ -166,6 +175,7 @@ def prepare(
             mode="overwrite",
             verbose=False,
         )
+        _check_complete(out_name, split, bucket)
         counts[split] = len(items)
 
     stats_size = min(size or 256, source.image_size)
@@ -189,6 +199,25 @@ def prepare(
         atomic_write_text(Path(out_name) / METADATA, text)
     print(f"prepared {', '.join(f'{s}: {n} images' for s, n in counts.items())} in {out_name}")
     return metadata
+
+
+def _check_complete(out_name: str, split: str, bucket: _Bucket | None) -> None:
+    """A UserError (and no metadata written) when a chunk of `split`'s index is not at the output: litdata's
+    writer or uploader processes can fail without `optimize` raising."""
+    try:
+        text = bucket.read_index(split) if bucket else (Path(out_name) / split / "index.json").read_text()
+        names = [chunk["filename"] for chunk in json.loads(text)["chunks"]]
+    except Exception as e:  # no index at all: the split was not written
+        raise UserError(f"prepare of {out_name}/{split} did not finish ({type(e).__name__}: {e})") from None
+    if bucket is not None:
+        missing = bucket.chunks_missing(split, names)
+    else:
+        missing = [n for n in names if not (Path(out_name) / split / n).is_file()]
+    if missing:
+        raise UserError(
+            f"prepare of {out_name}/{split} did not finish: {len(missing)} of its {len(names)} chunks are missing "
+            f"({missing[0]}, ...); {METADATA} was not written, run prepare again"
+        )
 
 
 def parse_args(args: list[str]) -> dict[str, Any]:

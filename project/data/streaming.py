@@ -6,7 +6,6 @@ module): a fit with another DataModule does not load it.
 """
 
 import io
-import json
 from pathlib import Path
 from typing import Any
 
@@ -19,12 +18,8 @@ from project.data.datamodule import ImageDataModule, available_cpus
 from project.data.folds import KFoldMixin
 from project.data.images import MAX_IMAGE_PIXELS, decode_image
 from project.data.samplers import run_seed
+from project.data.streaming_metadata import METADATA, read_metadata
 from project.errors import UserError
-
-#: The metadata file `prepare` writes last (project.data.prepare.METADATA; repeated here so that reading a
-#: dataset does not import the converter).
-METADATA = "streaming.json"
-FORMAT = 1
 
 
 class DecodeSample:
@@ -44,70 +39,6 @@ class DecodeSample:
         if isinstance(target, np.ndarray | Tensor):
             return x, torch.as_tensor(np.asarray(target), dtype=torch.float32)
         return x, int(target)
-
-
-def read_metadata(input_dir: str) -> dict[str, Any]:
-    """The metadata of a prepared dataset at `input_dir` (a folder or a URL litdata reads); a UserError when
-    there is none (a missing folder, another kind of data, or an interrupted prepare)."""
-    if "://" not in input_dir:
-        folder = Path(input_dir).expanduser()
-        if not folder.is_dir():
-            raise UserError(f"data.input_dir {folder} does not exist or is not a directory")
-        path = folder / METADATA
-        if not path.is_file():
-            found = (
-                "an interrupted prepare (its splits without "
-                if (folder / "train").is_dir()
-                else "not a dataset "
-            )
-            raise UserError(
-                f"data.input_dir {folder} has no {METADATA}: {found}made by `python -m project prepare`); run "
-                f"prepare again with --output_dir {folder}"
-            )
-        text = path.read_text()
-    else:
-        text = _read_remote(input_dir.rstrip("/") + "/" + METADATA)
-    try:
-        meta = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise UserError(f"{input_dir}/{METADATA} is not valid JSON: {e}") from None
-    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-        raise UserError(
-            f"{input_dir}/{METADATA} is not a dataset of this version of `python -m project prepare` "
-            f"(format {meta.get('format') if isinstance(meta, dict) else None}, expected {FORMAT}); prepare it again"
-        )
-    return meta
-
-
-def _read_remote(url: str) -> str:
-    """A small text file from object storage. Not through obstore: its runtime, once started in this process,
-    does not survive the fork of the loader workers (a segmentation fault)."""
-    import tempfile
-
-    try:
-        if url.startswith("s3://"):  # boto3, as litdata reads its index files
-            import boto3
-
-            bucket, _, key = url.removeprefix("s3://").partition("/")
-            return boto3.client("s3").get_object(Bucket=bucket, Key=key)["Body"].read().decode()
-        from litdata.streaming.downloader import get_downloader
-
-        with tempfile.TemporaryDirectory() as tmp:
-            local = Path(tmp) / METADATA
-            get_downloader(url.rpartition("/")[0], tmp, []).download_file(url, str(local))
-            return local.read_text()
-    except (
-        Exception
-    ) as e:  # each storage client raises its own types for missing objects, credentials, networks
-        missing = "NoSuchKey" in type(e).__name__ or "Not Found" in str(e) or "NoSuchKey" in str(e)
-        hint = (
-            ": not a dataset made by `python -m project prepare`, or an interrupted one (prepare it again)"
-            if missing
-            else ""
-        )
-        raise UserError(
-            f"cannot read {url}: {type(e).__name__}: {str(e).strip().splitlines()[0]}{hint}"
-        ) from None
 
 
 _LOADER_CLASS: list[type] = []
@@ -288,3 +219,6 @@ class StreamingImageDataModule(KFoldMixin, ImageDataModule):
 
     def predict_dataloader(self) -> DataLoader:
         return self._streaming_loader(self.predict_set)
+
+
+__all__ = ["METADATA", "StreamingImageDataModule", "read_metadata"]
