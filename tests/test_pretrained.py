@@ -162,7 +162,7 @@ def readme_or_config_commands() -> list[str]:
     return sorted({line for line in lines if line.startswith("python -m project ")})
 
 
-FINETUNE_COMMANDS = [c for c in readme_or_config_commands() if "finetune_timm.yaml" in c]
+FINETUNE_COMMANDS = [c for c in readme_or_config_commands() if "photos_finetune.yaml" in c]
 
 
 @pytest.mark.parametrize("command", FINETUNE_COMMANDS)
@@ -214,7 +214,7 @@ def finetune_cli(image_folder: Path, tmp_path: Path, *extra: str, pretrained: bo
     weights = tmp_path / "weights.pth"
     saved_timm_weights(weights, IMAGENET_TIMM)
     args = [
-        "--config", str(CONFIGS / "folder.yaml"), "--config", str(CONFIGS / "experiment" / "finetune_timm.yaml"),
+        "--config", str(CONFIGS / "folder.yaml"), "--config", str(CONFIGS / "experiment" / "photos_finetune.yaml"),
         "--data.root", str(image_folder), "--data.skip_corrupt", "true", "--model.net.init_args.name", IMAGENET_TIMM,
         "--trainer.default_root_dir", str(tmp_path), *extra,
     ]  # fmt: skip

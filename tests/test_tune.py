@@ -100,6 +100,8 @@ SEARCHED_CONFIGS = {
     "cifar100": ["cifar100.yaml"],
     "folder": ["folder.yaml"],
     "folder_simplecnn": ["folder.yaml", "experiment/folder_simplecnn.yaml"],
+    "photos": ["folder.yaml", "experiment/photos.yaml"],
+    "photos_finetune": ["folder.yaml", "experiment/photos_finetune.yaml"],
 }
 
 
@@ -108,7 +110,13 @@ def test_every_shipped_search_file_fits_its_config(name, tmp_path):
     space = load_search(CONFIGS / "search" / f"{name}.yaml")
     assert space.metric == "val/acc_best" and space.direction == "maximize" and len(space.params) >= 3
     args = [a for config in SEARCHED_CONFIGS[name] for a in ("--config", str(CONFIGS / config))]
-    args += ["--data.root", str(tiny_folder(tmp_path / "images"))] if name.startswith("folder") else []
+    args += (
+        ["--data.root", str(tiny_folder(tmp_path / "images"))]
+        if name.startswith(("folder", "photos"))
+        else []
+    )
+    # This machine cannot download weights: the search space is checked on the same network, randomly initialised.
+    args += ["--model.net.init_args.pretrained", "false"] if name == "photos_finetune" else []
     check_search(args, space)  # every bound and choice parses as a `fit` value
     assert "#" in (CONFIGS / "search" / f"{name}.yaml").read_text().splitlines()[0]  # says what and why
 
