@@ -216,3 +216,17 @@ def test_the_photos_preset_trains(image_folder, tmp_path):
              "--model.net.init_args.width", "4", "--data.num_workers", "0"]  # fmt: skip
     args = folder_args(image_folder, tmp_path, stop=-1)  # fit --config cifar10.yaml, then the settings
     main([args[0], *photos, *args[3:], *small, "--trainer.fast_dev_run", "true"])
+
+
+def test_evaluation_keeps_the_central_share_of_each_side_before_resizing():
+    from project.data.augment import BatchAugmentMixin, resize
+
+    x = torch.arange(2 * 3 * 8 * 8, dtype=torch.float32).reshape(2, 3, 8, 8)
+    whole = BatchAugmentMixin().augment_images(x, None, train=False, epoch=0, size=(4, 4), seed=0)
+    center = BatchAugmentMixin(eval_crop=0.5).augment_images(
+        x, None, train=False, epoch=0, size=(4, 4), seed=0
+    )
+    assert torch.equal(whole, resize(x, (4, 4)))
+    assert torch.equal(center, x[..., 2:6, 2:6])  # the central half of each side, already at the input size
+    with pytest.raises(UserError, match=r"data.eval_crop=0.0 is out of range"):
+        BatchAugmentMixin(eval_crop=0.0)

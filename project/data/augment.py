@@ -119,6 +119,14 @@ def resize(x: Tensor, size: tuple[int, int]) -> Tensor:
     return torch.nn.functional.interpolate(x.float(), size, mode="bilinear", antialias=True)
 
 
+def center_crop(x: Tensor, share: float) -> Tensor:
+    """The central `share` of each side of every image in the batch (a view, no copy)."""
+    h, w = x.shape[-2:]
+    ch, cw = max(1, round(h * share)), max(1, round(w * share))
+    top, left = (h - ch) // 2, (w - cw) // 2
+    return x[..., top : top + ch, left : left + cw]
+
+
 def random_erasing(x: Tensor, p: float) -> Tensor:
     """torchvision's RandomErasing (area 2-33 %, aspect ratio 0.3-3.3, filled with 0: the mean of normalised
     images) for each image with probability `p`, as one mask over the batch."""
@@ -195,6 +203,9 @@ class BatchAugmentMixin:
             to the network's input, for the whole batch in one call. Most useful with a cached source larger
             than the input (`cache_size`). None: off.
         crop_ratio: The range of the crop box's aspect ratio (width / height), drawn log-uniformly.
+        eval_crop: The central share of each side that evaluation keeps before resizing to the input; 1.0 keeps
+            the whole image. Random-resized crops enlarge objects in training; torchvision's references crop
+            0.875 at test so that objects appear about as large as the network learned them.
     """
 
     def __init__(
@@ -210,6 +221,7 @@ class BatchAugmentMixin:
         random_erasing: float = 0.0,
         crop_scale: tuple[float, float] | None = None,
         crop_ratio: tuple[float, float] = (3 / 4, 4 / 3),
+        eval_crop: float = 1.0,
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
@@ -221,6 +233,8 @@ class BatchAugmentMixin:
         probs = {"mix_prob": mix_prob, "random_erasing": random_erasing}
         bad: dict[str, object] = {k: v for k, v in alphas.items() if v < 0}
         bad |= {k: v for k, v in probs.items() if not 0 <= v <= 1}
+        if not 0 < eval_crop <= 1:
+            bad["eval_crop"] = eval_crop
         if crop_scale is not None and not 0 < crop_scale[0] <= crop_scale[1] <= 1:
             bad["crop_scale"] = list(crop_scale)
         if not 0 < crop_ratio[0] <= crop_ratio[1]:
@@ -229,7 +243,7 @@ class BatchAugmentMixin:
             key, value = next(iter(bad.items()))
             raise UserError(
                 f"data.{key}={value} is out of range: alphas are >= 0, probabilities in [0, 1], crop_scale "
-                "a range [low, high] within (0, 1], crop_ratio a range [low, high] above 0"
+                "a range [low, high] within (0, 1], crop_ratio a range [low, high] above 0, eval_crop in (0, 1]"
             )
         self.crop_padding = crop_padding
         self.crop_padding_mode: Literal["constant", "reflect"] = crop_padding_mode
@@ -239,6 +253,7 @@ class BatchAugmentMixin:
         self.random_erasing = random_erasing
         self.crop_scale = None if crop_scale is None else (float(crop_scale[0]), float(crop_scale[1]))
         self.crop_ratio = (float(crop_ratio[0]), float(crop_ratio[1]))
+        self.eval_crop = eval_crop
 
     @property
     def mixes(self) -> bool:
@@ -250,9 +265,12 @@ class BatchAugmentMixin:
     ) -> Tensor:
         """A batch at the network's input `size`, cropped and flipped if `train` (before normalising): with
         `crop_scale` a random-resized crop per image, else the whole image resized (a no-op when the images are
-        stored at that size) and the padded crop. `rows` are the images' dataset rows (alternating flips)."""
+        stored at that size) and the padded crop; evaluation keeps the central `eval_crop` of each side. `rows`
+        are the images' dataset rows (alternating flips)."""
         if train and self.crop_scale is not None:
             x = random_resized_crop(x, size, self.crop_scale, self.crop_ratio)
+        elif not train and self.eval_crop < 1:
+            x = resize(center_crop(x, self.eval_crop), size)
         else:
             x = resize(x, size)
         if not train:
