@@ -15,8 +15,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from benchmarks.clock import StepClock
 from benchmarks.common import plain_loader
+from benchmarks.step_clock import StepClock
 
 
 def seed_article_cnn(num_classes: int = 10) -> nn.Module:

@@ -1,0 +1,118 @@
+"""Photo recipes as whole processes, on a photo dataset in root/train, root/val and root/test class folders: the
+folder recipe, torchvision's reference data path, the photos preset, each part of the preset alone on top of the
+folder recipe, and the compute ceiling; all the same network (torchvision ResNet-18 from scratch), input size
+(configs/folder.yaml's 64 px), optimizer and schedule.
+
+  folder     python -m project fit --config configs/folder.yaml --data.root ROOT
+  photos     ... --config configs/experiment/photos.yaml (crops from a 96-px cache, TrivialAugmentWide,
+             random erasing, MixUp/CutMix)
+  +crops, +trivial, +erasing, +mix, +ema   folder plus one part (+ema: configs/callbacks/ema.yaml)
+  reference  python -m benchmarks.torchvision_reference (per-sample RandomResizedCrop from the JPEGs)
+  ceiling    the same training steps on tensors in memory (python -m benchmarks.torchvision_reference --in-memory)
+
+Each template run starts from an empty image cache (a user's first run: the cache build is in its wall time)
+and is tested afterwards on root/test from its last checkpoint, by `python -m project test` (not timed). Runs go
+one at a time, in the order given; one JSON line per run.
+
+    python -m benchmarks.photo_recipes --root /tmp/clothing --epochs 10 --variants folder photos reference ceiling
+"""
+
+import argparse
+import json
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from benchmarks.common import emit, machine, warm_bytecode
+
+ROOT = Path(__file__).resolve().parent.parent
+FOLDER = ["--config", "configs/folder.yaml"]
+PARTS = {
+    "folder": [],
+    "photos": ["--config", "configs/experiment/photos.yaml"],
+    "+crops": ["--data.cache_size", "96", "--data.crop_scale", "[0.25, 1.0]"],
+    "+trivial": ["--data.trivial_augment", "true"],
+    "+erasing": ["--data.random_erasing", "0.25"],
+    "+mix": ["--data.mixup_alpha", "0.2", "--data.cutmix_alpha", "1.0", "--data.mix_prob", "0.5"],
+    "+ema": ["--config", "configs/callbacks/ema.yaml"],
+}
+
+
+def run(command: list[str]) -> tuple[str, float]:
+    start = time.perf_counter()
+    proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+    wall = time.perf_counter() - start
+    if proc.returncode != 0:
+        raise SystemExit(f"{' '.join(command[2:6])} failed:\n{proc.stderr[-3000:]}")
+    return proc.stdout + proc.stderr, wall
+
+
+def template(variant: str, args: argparse.Namespace, work: Path) -> dict:
+    config = [
+        *FOLDER,
+        *PARTS[variant],
+        "--data.root",
+        str(args.root),
+        "--data.cache_dir",
+        str(work / "cache"),
+    ]
+    run_root = work / "runs"
+    fit = [
+        sys.executable, "-m", "project", "fit", *config, "--trainer.max_epochs", str(args.epochs),
+        "--trainer.default_root_dir", str(run_root), "--trainer.enable_progress_bar", "false",
+        "--trainer.callbacks+=benchmarks.clock.FitClock", "--trainer.callbacks.warmup", "0",
+    ]  # fmt: skip
+    out, wall = run(fit)
+    clock = json.loads(next(x for x in out.splitlines() if x.startswith("CLOCK ")).removeprefix("CLOCK "))
+    (last,) = run_root.glob("**/checkpoints/last.ckpt")
+    test = [
+        sys.executable,
+        "-m",
+        "project",
+        "test",
+        *config,
+        "--ckpt_path",
+        str(last),
+        "--trainer.logger",
+        "false",
+    ]
+    out, _ = run(test)
+    match = re.search(r"test/acc\s*[│|]\s*([0-9.]+)", out)
+    if match is None:
+        raise SystemExit(f"no test/acc in the output of {' '.join(test)}:\n{out[-3000:]}")
+    train_s = clock["train_end_s"] - clock["first_step_s"]
+    return {"test_acc": float(match.group(1)), "wall_s": round(wall, 1), "first_step_s": clock["first_step_s"],
+            "train_s": round(train_s, 1)}  # fmt: skip
+
+
+def reference(args: argparse.Namespace, in_memory: bool) -> dict:
+    command = [sys.executable, "-m", "benchmarks.torchvision_reference", "--root", str(args.root)]
+    command += ["--epochs", str(args.epochs), *(["--in-memory"] if in_memory else [])]
+    out, wall = run(command)
+    record = json.loads(next(x for x in out.splitlines() if x.startswith("RESULT ")).removeprefix("RESULT "))
+    if not in_memory:
+        record["train_s"] = round(record["train_end_s"] - record["first_step_s"], 1)
+    return {**record, "wall_s": round(wall, 1)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--root", type=Path, required=True)
+    parser.add_argument("--epochs", type=int, default=10)
+    parser.add_argument("--variants", nargs="+", default=["folder", "photos", "reference", "ceiling"])
+    args = parser.parse_args()
+    emit(benchmark="photo_recipes", **machine(), root=str(args.root), epochs=args.epochs)
+    warm_bytecode()
+    for variant in args.variants:
+        if variant in ("reference", "ceiling"):
+            emit(**{**reference(args, in_memory=variant == "ceiling"), "variant": variant})
+            continue
+        with tempfile.TemporaryDirectory() as work:
+            emit(variant=variant, epochs=args.epochs, **template(variant, args, Path(work)))
+
+
+if __name__ == "__main__":
+    main()
