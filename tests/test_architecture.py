@@ -185,6 +185,7 @@ FIT_CORE = set(
         "project.run.plan",
         "project.run.preemption",
         "project.run.provenance",
+        "project.run.redaction",
         "project.run.resume",
         "project.run.run_folder",
         "project.run.startup",

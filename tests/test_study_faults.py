@@ -20,7 +20,8 @@ from project.atomic_files import Terminated, staged_outputs
 from project.cli import main
 from project.errors import UserError
 from project.run import interrupts
-from project.run.provenance import collect_run_info, redact_command
+from project.run.provenance import collect_run_info
+from project.run.redaction import redact_command
 from project.studies.runner import claim_folder
 from project.studies.storage import check_url, lost
 from project.studies.tune import _optuna_says_one_line
