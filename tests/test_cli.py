@@ -66,7 +66,7 @@ def test_main_configs_instantiate_with_linked_classes(name, tmp_path, image_fold
 )
 def test_stackable_configs_apply_on_top(extra, tmp_path, image_folder):
     stacked = yaml.safe_load((CONFIGS / extra).read_text())
-    folder_preset = extra.startswith(("experiment/folder", "experiment/finetune", "experiment/photos"))
+    folder_preset = extra.startswith(("experiment/folder", "experiment/photos"))
     base = "folder.yaml" if folder_preset else "cifar10.yaml"
     args = config_args(base, tmp_path, image_folder) + ["--config", str(CONFIGS / extra)]
     if "pretrained" in stacked.get("model", {}).get("net", {}).get("init_args", {}):
