@@ -15,6 +15,7 @@ import torch
 from project.cli import main
 from project.data.cifar import CIFARDataModule
 from project.data.streaming import METADATA, StreamingImageDataModule
+from project.errors import UserError
 from tests.conftest import CONFIGS, run_cli
 from tests.fakes import CIFAR10_CLASSES, make_fake_cifar, make_image_folder, patch_cifar_integrity
 from tests.test_exact_resume import assert_same_weights, last_weights
@@ -320,3 +321,22 @@ def test_a_prepare_whose_chunks_did_not_all_arrive_writes_no_metadata(
     monkeypatch.undo()  # and, as the message says, a new prepare completes it
     main(prepare_args(prepared.parent / "images", out))
     assert json.loads((out / METADATA).read_text())["splits"] == {"train": 10, "val": 2}
+
+
+def test_a_larger_decode_size_is_cropped_on_the_device_for_training_and_resized_for_evaluation(
+    prepared, tmp_path
+):
+    data = StreamingImageDataModule(
+        str(prepared), image_size=8, decode_size=16, crop_scale=(0.25, 1.0), batch_size=4, num_workers=0
+    )
+    data.setup("fit")
+    images, _ = next(iter(data.train_dataloader()))
+    assert images.shape == (4, 3, 16, 16)  # the workers decode at the source resolution
+    for train in (True, False):
+        x = data.augment_images(images, None, train=train, epoch=0, size=(8, 8), seed=0)
+        assert x.shape == (4, 3, 8, 8)
+    main(fit_args(prepared, tmp_path, "--data.decode_size", "16", "--data.crop_scale", "[0.25, 1.0]",
+                  "--trainer.max_steps", "2", "--trainer.limit_val_batches", "1"))  # fmt: skip
+    assert list(tmp_path.glob("runs/version_*/checkpoints/last.ckpt"))
+    with pytest.raises(UserError, match="data.decode_size must be at least image_size=8, got 4"):
+        StreamingImageDataModule(str(prepared), image_size=8, decode_size=4)

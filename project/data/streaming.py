@@ -87,6 +87,9 @@ class StreamingImageDataModule(KFoldMixin, ImageDataModule):
         input_dir: The prepared dataset: a local folder, or a URL litdata reads (s3://bucket/prefix, gs://...,
             azure://...); credentials come from the usual environment (AWS_* variables, ~/.aws, ...).
         image_size: Side of the square images the network sees.
+        decode_size: Side of the squares the loader workers decode, when larger than `image_size`: each batch
+            is then resized to `image_size` on the device, or cut from it by the random-resized crop
+            (`crop_scale`), as `cache_size` does for image folders. Default: `image_size`.
         cache_dir: Where chunks downloaded from a URL are kept; default: litdata's own cache folder.
         max_cache_size: Most disk the downloaded chunks may take (e.g. "50GB"); older chunks are evicted.
         predict_split: The split `predict` reads (`test`, `val` or `train`); default: test, else val.
@@ -100,6 +103,7 @@ class StreamingImageDataModule(KFoldMixin, ImageDataModule):
         self,
         input_dir: str,
         image_size: int = 64,
+        decode_size: int | None = None,
         cache_dir: str | None = None,
         max_cache_size: str = "100GB",
         predict_split: str | None = None,
@@ -108,9 +112,12 @@ class StreamingImageDataModule(KFoldMixin, ImageDataModule):
     ) -> None:
         if image_size < 1:
             raise UserError(f"data.image_size must be at least 1, got {image_size}")
+        if decode_size is not None and decode_size < image_size:
+            raise UserError(f"data.decode_size must be at least image_size={image_size}, got {decode_size}")
         super().__init__(crop_padding=image_size // 8 if crop_padding is None else crop_padding, **kwargs)
         self.input_dir = input_dir if "://" in input_dir else str(Path(input_dir).expanduser())
         self.image_size = image_size
+        self.decode_size = decode_size or image_size
         self.cache_dir = cache_dir
         self.max_cache_size = max_cache_size
         self.meta = read_metadata(self.input_dir)
@@ -160,7 +167,7 @@ class StreamingImageDataModule(KFoldMixin, ImageDataModule):
             drop_last=train,
             seed=run_seed(),
             max_cache_size=self.max_cache_size,
-            transform=DecodeSample(self.image_size, index=index),
+            transform=DecodeSample(self.decode_size, index=index),
             **kwargs,
         )
 
