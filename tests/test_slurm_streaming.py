@@ -21,7 +21,7 @@ def test_the_sbatch_script_trains_the_streaming_config_on_two_tasks(tmp_path):
     reason = slurm_unavailable()
     if reason:
         pytest.skip(reason)
-    # 4 validation images: with fewer than processes x batch size, litdata leaves a process without any.
+    # 4 validation images: at least processes x batch size (fewer is refused in one line).
     images = make_image_folder(tmp_path / "images", classes=2, per_class=20, extras=False)
     prepared = tmp_path / "prepared"
     main(["prepare", "--config", str(CONFIGS / "folder.yaml"), "--data.root", str(images), "--data.cache_dir",

@@ -340,3 +340,16 @@ def test_a_larger_decode_size_is_cropped_on_the_device_for_training_and_resized_
     assert list(tmp_path.glob("runs/version_*/checkpoints/last.ckpt"))
     with pytest.raises(UserError, match="data.decode_size must be at least image_size=8, got 4"):
         StreamingImageDataModule(str(prepared), image_size=8, decode_size=4)
+
+
+def test_a_split_smaller_than_processes_times_batch_size_is_one_line(prepared):
+    from types import SimpleNamespace
+
+    data = StreamingImageDataModule(str(prepared), image_size=8, batch_size=2, num_workers=0)
+    data.trainer = SimpleNamespace(world_size=2, global_rank=0, accumulate_grad_batches=1)  # pyright: ignore[reportAttributeAccessIssue]
+    with pytest.raises(
+        UserError, match=r"the val split of .* has 2 images, fewer than 2 processes x data.batch_size 2"
+    ):
+        data.setup("fit")
+    data.trainer = SimpleNamespace(world_size=1, global_rank=0, accumulate_grad_batches=1)  # pyright: ignore[reportAttributeAccessIssue]
+    data.setup("fit")  # one process takes every batch

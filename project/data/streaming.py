@@ -174,6 +174,7 @@ class StreamingImageDataModule(KFoldMixin, ImageDataModule):
     def setup(self, stage: str) -> None:
         # Made here, after the processes have joined: litdata reads the distributed environment when a dataset is
         # created, to give each process its own chunks.
+        self._check_every_process_gets_a_batch(stage)
         if self.train_set is None and self.num_folds is None:
             self.train_set = self._dataset("train", train=True)
             self.val_set = self._dataset("val")
@@ -187,6 +188,21 @@ class StreamingImageDataModule(KFoldMixin, ImageDataModule):
             self.predict_set = self._dataset(self.predict_split, index=True)
             count = self.meta["splits"][self.predict_split]
             self.predict_names = [f"{self.predict_split}/{i}" for i in range(count)]
+
+    def _check_every_process_gets_a_batch(self, stage: str) -> None:
+        """litdata deals whole batches to the processes and the leftover items to the last one: a split of fewer
+        than processes x batch_size images leaves a process without any, which Lightning stops with a traceback."""
+        processes = self._world()[0]
+        splits = {"fit": ["train", "val"], "validate": ["val"], "test": ["test" if "test" in self.meta["splits"]
+                  else "val"], "predict": [self.predict_split]}.get(stage, [])  # fmt: skip
+        for split in splits if processes > 1 and self.num_folds is None else []:
+            count = self.meta["splits"][split]
+            if count < processes * self.batch_size:
+                raise UserError(
+                    f"the {split} split of {self.input_dir} has {count} images, fewer than {processes} processes x "
+                    f"data.batch_size {self.batch_size}: some process would get none; lower data.batch_size to "
+                    f"{max(1, count // processes)} or below, or run on fewer processes"
+                )
 
     def fold_rows(self) -> tuple[list[int], list[int]]:
         """(training rows, validation rows) of the training split for fold `fold`: prepare stores the split fold
