@@ -10,7 +10,8 @@ CKPT_CALLBACKS_NOTICE = r"Be aware that when using `ckpt_path`, callbacks used t
 
 
 def quiet_lightning_notices() -> None:
-    """Leave out Lightning's notices that say nothing to act on in a template run."""
+    """Leave out Lightning's notices that say nothing to act on in a template run. Safe to call again: `main`
+    calls it for the tools, and every `ProjectCLI` for notebooks and scripts that build one without `main`."""
     if not os.environ.get("SLURM_JOB_ID"):
         # Outside a SLURM job (a cluster's login node, a laptop with SLURM installed) the run is not meant for
         # SLURM; inside one, a command without srun would hang its other processes: the hint stays.

@@ -114,6 +114,13 @@ def database_error(error: BaseException) -> BaseException | None:
     return None
 
 
+def database_reason(error: BaseException, url: str) -> str | None:
+    """The database's own words for the failure behind `error`, with the password of `url` hidden; None when
+    no database error is behind it (then it is not ours to explain)."""
+    cause = database_error(error)
+    return None if cause is None else _reason(cause).replace(_password(url) or "\0", "***")
+
+
 @contextlib.contextmanager
 def lost(
     url: str, what: str = "the study", hint: str = "rerun the same command to continue it"
@@ -124,10 +131,9 @@ def lost(
     except UserError:
         raise
     except Exception as e:
-        cause = database_error(e)
-        if cause is None:
+        reason = database_reason(e, url)
+        if reason is None:
             raise
-        reason = _reason(cause).replace(_password(url) or "\0", "***")
         raise UserError(
             f"{what} lost its database, the {where(url)} ({reason}): check that it is running and reachable, "
             f"then {hint}"
@@ -156,10 +162,9 @@ def open_storage(url: str, flag: str = "--storage", **settings: Any) -> Any:
         try:
             return optuna.storages.RDBStorage(url, **settings)
         except Exception as e:
-            cause = database_error(e)
-            if cause is None:
+            reason = database_reason(e, url)
+            if reason is None:
                 raise
-            reason = _reason(cause).replace(_password(url) or "\0", "***")
             raise UserError(
                 f"{flag}: cannot open the {where(url)} ({reason}): check that the server is running, reachable "
                 "and accepts this user, and that the database exists"
