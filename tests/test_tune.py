@@ -234,7 +234,7 @@ def test_each_fit_of_a_study_gets_its_own_wandb_service(tmp_path, monkeypatch):
 
 
 def test_the_readme_lines_that_start_studies_on_slurm_or_many_gpus_parse(tmp_path):
-    """The `python -m project cv|tune` commands inside the README's sbatch and shell-loop lines (the lines
+    """The `python -m project cv|tune` commands inside the README's sbatch and shell-loop lines and its prose (the lines
     that start with `python -m project` are parsed by tests/test_readme.py)."""
     from project.studies import cv
     from project.studies.runner import parse_fit_args
@@ -242,7 +242,7 @@ def test_the_readme_lines_that_start_studies_on_slurm_or_many_gpus_parse(tmp_pat
     embedded = []
     for line in (ROOT / "README.md").read_text().splitlines():
         if not line.startswith("python -m project ") and (
-            found := re.search(r"python -m project (cv|tune) [^'&]*", line)
+            found := re.search(r"python -m project (cv|tune) [^'&`]*", line)
         ):
             embedded.append(found.group(0).replace("$SLURM_ARRAY_TASK_ID", "3"))
     assert len(embedded) >= 3 and {c.split()[3] for c in embedded} == {"cv", "tune"}
