@@ -1,5 +1,6 @@
 import atexit
 import os
+import signal
 import sys
 import threading
 
@@ -8,13 +9,26 @@ def exit_without_teardown(code: int) -> None:
     """End the process as Python's own exit would, minus the module teardown: threads joined, atexit handlers
     run (logging, multiprocessing's children, W&B), output flushed, then `os._exit`. Destroying the modules of
     torch, torchvision and Lightning takes about a second of every command's wall time and writes nothing;
-    every file of a run is already written and closed when the command returns."""
+    every file of a run is already written and closed when the command returns.
+
+    A Ctrl-C from here on (a study's Ctrl-C reaching a fit that has just finished) has nothing left to stop:
+    it ends the process at once with the command's code, instead of raising KeyboardInterrupt inside an
+    atexit handler, which Python reports as a traceback."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, lambda signum, frame: _flush_and_exit(code))
     for thread in threading.enumerate():
         if thread is not threading.main_thread() and not thread.daemon:
             thread.join()
     atexit._run_exitfuncs()  # what the interpreter's exit calls (a private name; tests/test_cli.py pins it)
-    sys.stdout.flush()
-    sys.stderr.flush()
+    _flush_and_exit(code)
+
+
+def _flush_and_exit(code: int) -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, RuntimeError, ValueError):  # a closed pipe, or a flush interrupted by the signal
+            pass
     os._exit(code)
 
 

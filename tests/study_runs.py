@@ -2,10 +2,13 @@
 
 `KillOnce` is a callback for a fit subprocess: it SIGKILLs its own process once (a marker file remembers), at
 the end of a chosen training epoch of the run whose folder contains `match`, e.g. fold 2 of a cv study.
+`HoldUntilCtrlC` keeps a fit in training, once it has a last.ckpt, until the test's Ctrl-C reaches it: a tiny
+fit would otherwise often finish between the test seeing the checkpoint and pressing Ctrl-C.
 """
 
 import os
 import signal
+import time
 from pathlib import Path
 
 import lightning as L
@@ -54,3 +57,24 @@ class KillOnce(Callback):
         if here and not self.marker.exists():
             self.marker.write_text("killed")
             os.kill(os.getpid(), signal.SIGKILL)
+
+
+class HoldUntilCtrlC(Callback):
+    """Once per study (a marker file remembers): after the fit's first last.ckpt, waits at the next training
+    batch until the first Ctrl-C has reached it (at most `seconds`), so that Ctrl-C lands inside training."""
+
+    def __init__(self, marker: str, seconds: float = 120) -> None:
+        self.marker, self.seconds = Path(marker), seconds
+
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch, batch_idx
+    ) -> None:
+        from project.run import interrupts
+
+        has_checkpoint = any(Path(trainer.default_root_dir).rglob("last.ckpt"))
+        if not has_checkpoint or self.marker.exists():
+            return
+        self.marker.write_text("held")
+        deadline = time.monotonic() + self.seconds
+        while not interrupts.stopped_by.startswith("Ctrl-C") and time.monotonic() < deadline:
+            time.sleep(0.05)

@@ -237,6 +237,23 @@ exit_without_teardown(3)
     assert (tmp_path / "atexit").read_text() == "ran" and (tmp_path / "thread").read_text() == "done"
 
 
+def test_a_ctrl_c_during_the_fast_exit_ends_the_process_without_a_traceback(tmp_path):
+    """A study's Ctrl-C can reach a fit just as it finishes: the command's work is done, so the exit ends at
+    once with the command's code rather than as a KeyboardInterrupt inside an atexit handler."""
+    script = """
+import atexit, os, signal, time
+from project.__main__ import exit_without_teardown
+atexit.register(lambda: time.sleep(30))
+atexit.register(lambda: os.kill(os.getpid(), signal.SIGINT))
+print("done", end="")
+exit_without_teardown(0)
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0 and done.stdout == "done" and done.stderr == "", done.stderr
+
+
 def test_python_m_project_exits_with_the_commands_code(tmp_path):
     bad = subprocess.run(
         [sys.executable, "-m", "project", "fit", "--trainer.max_epochs", "many"],

@@ -304,6 +304,12 @@ def _fit_with_checkpoint(study: subprocess.Popen, seconds: float = 240) -> str:
     raise AssertionError("no fit of the study reached its first checkpoint")
 
 
+def _held(args: list[str], cwd: Path) -> list[str]:
+    """The study's arguments plus `HoldUntilCtrlC`, which keeps its first fit training until the Ctrl-C."""
+    hold = {"class_path": "tests.study_runs.HoldUntilCtrlC", "init_args": {"marker": str(cwd / "held")}}
+    return [*args, f"--trainer.callbacks+={json.dumps(hold)}"]
+
+
 def _ctrl_c(args: list[str], cwd: Path) -> tuple[str, str, str]:
     """Run a study, press Ctrl-C (SIGINT to its whole process group, as a terminal does) once a fit has a
     checkpoint; (the interrupted fit's folder, stdout, stderr)."""
@@ -324,6 +330,7 @@ def _ctrl_c(args: list[str], cwd: Path) -> tuple[str, str, str]:
         if study.poll() is None:
             study.kill()
     assert study.returncode == 128 + signal.SIGINT, err[-4000:]
+    assert (cwd / "held").exists()  # the Ctrl-C reached the fit inside training, as a user's would
     for noise in ("Traceback", "KeyboardInterrupt", "Received SIGTERM", "none saved yet"):
         assert noise not in err, err[-4000:]
     return folder, out, err
@@ -349,6 +356,7 @@ def test_ctrl_c_in_tune_is_one_line_and_the_rerun_continues_the_trial_from_its_c
         "--wandb",
         "false",
     ]
+    args = _held(args, tmp_path)
     folder, _, err = _ctrl_c(args, tmp_path)
     assert err.strip().splitlines()[-1] == (
         "error: stopped by Ctrl-C during trial 0; rerun the same tune command to continue: the trial resumes "
@@ -368,7 +376,7 @@ def test_ctrl_c_in_cv_is_one_line_and_the_rerun_resumes_the_fold(tmp_path):
 
     data = tiny_folder(tmp_path / "images")
     fit_args = tiny_fit_args(data, tmp_path, "--trainer.logger", "false", "--trainer.max_epochs", "4")
-    args = ["cv", *fit_args, "--folds", "2", "--name", "cv", "--wandb", "false"]
+    args = _held(["cv", *fit_args, "--folds", "2", "--name", "cv", "--wandb", "false"], tmp_path)
     folder, out, err = _ctrl_c(args, tmp_path)
     assert folder.endswith("fold_0")
     assert err.strip().splitlines()[-1] == (
