@@ -49,6 +49,40 @@ def test_folds_are_a_pure_function_of_labels_k_and_seed():
     assert stratified_folds(LABELS, 3, seed=5) != stratified_folds(LABELS, 4, seed=5)
 
 
+def _torch_folds(labels: list[int], num_folds: int, seed: int) -> list[list[int]]:
+    """The folds as the first release dealt them, in torch ops: what a user's earlier runs were split by."""
+    label_tensor, generator = torch.tensor(labels), torch.Generator().manual_seed(seed)
+    folds: list[list[int]] = [[] for _ in range(num_folds)]
+    start = 0
+    for c in torch.unique(label_tensor, sorted=True).tolist():
+        idx = (label_tensor == c).nonzero().flatten()
+        idx = idx[torch.randperm(len(idx), generator=generator)].tolist()
+        for i, index in enumerate(idx):
+            folds[(start + i) % num_folds].append(index)
+        start = (start + len(idx)) % num_folds
+    return [sorted(f) for f in folds]
+
+
+def test_a_seed_splits_the_data_as_earlier_releases_did(tmp_path):
+    """Folds and the validation split are a user's record of what a model saw: a faster implementation must
+    not move one image between them (a resumed cv study or a compared run would mix splits)."""
+    labels = torch.randint(0, 7, (2000,), generator=torch.Generator().manual_seed(3)).tolist()
+    for seed, k in ((0, 3), (5, 5), (42, 2)):
+        assert stratified_folds(labels, k, seed) == _torch_folds(labels, k, seed)
+
+    data = tiny_folder(tmp_path / "images", per_class=7)
+    dm = ImageFolderDataModule(str(data), image_size=8, val_fraction=0.3, cache_dir=str(tmp_path / "c"))
+    labels = dm.scanned("train").labels
+    g, label_tensor, expected = torch.Generator().manual_seed(dm.seed), torch.tensor(labels), ([], [])
+    for c in range(len(dm.class_names)):
+        idx = (label_tensor == c).nonzero().flatten()
+        idx = idx[torch.randperm(len(idx), generator=g)].tolist()
+        n_val = min(len(idx) - 1, max(1, round(0.3 * len(idx))))
+        expected[1].extend(idx[:n_val])
+        expected[0].extend(idx[n_val:])
+    assert dm._split() == (sorted(expected[0]), sorted(expected[1]))
+
+
 def test_image_folder_folds_are_the_same_on_every_rank(tmp_path, monkeypatch):
     data = tiny_folder(tmp_path / "images", per_class=7)
     splits = []

@@ -9,6 +9,7 @@ multi-label data, where one image counts towards several tags, by iterative stra
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
 from project.errors import UserError
@@ -99,13 +100,13 @@ def stratified_folds(labels: Sequence[int], num_folds: int, seed: int) -> list[l
     folds, each class starting where the previous one stopped: every fold holds the floor or the ceiling of
     each class's share, and the folds' sizes differ by at most one.
     """
-    label_tensor = torch.as_tensor(labels, dtype=torch.long)
+    label_array = np.asarray(labels, dtype=np.int64)  # numpy's masks: torch.nonzero is ~20x slower on CPU
     generator = torch.Generator().manual_seed(seed)
     folds: list[list[int]] = [[] for _ in range(num_folds)]
     start = 0
-    for c in torch.unique(label_tensor, sorted=True).tolist():
-        idx = (label_tensor == c).nonzero().flatten()
-        idx = idx[torch.randperm(len(idx), generator=generator)].tolist()
+    for c in np.unique(label_array).tolist():
+        idx = np.flatnonzero(label_array == c)
+        idx = idx[torch.randperm(len(idx), generator=generator).numpy()].tolist()
         for i, index in enumerate(idx):
             folds[(start + i) % num_folds].append(index)
         start = (start + len(idx)) % num_folds

@@ -10,6 +10,7 @@ prediction folder. All of that lives here. A source says only where its files an
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from lightning.pytorch.utilities import rank_zero_warn
 from torch.utils.data import Dataset
@@ -244,11 +245,11 @@ class ImageFilesDataModule(KFoldMixin, ImageDataModule):
     def _class_split(self, labels: list[int]) -> tuple[list[int], list[int]]:
         """`val_fraction` of each class (at least one, never all) for validation, drawn by `seed`."""
         g = torch.Generator().manual_seed(self.seed)
-        label_tensor = torch.tensor(labels)
+        label_array = np.asarray(labels)  # numpy's masks: torch.nonzero is ~20x slower on CPU
         train_idx, val_idx = [], []
         for c in range(len(self.class_names)):
-            idx = (label_tensor == c).nonzero().flatten()
-            idx = idx[torch.randperm(len(idx), generator=g)].tolist()
+            idx = np.flatnonzero(label_array == c)
+            idx = idx[torch.randperm(len(idx), generator=g).numpy()].tolist()
             n_val = min(len(idx) - 1, max(1, round(self.val_fraction * len(idx)))) if len(idx) > 1 else 0
             val_idx += idx[:n_val]
             train_idx += idx[n_val:]
