@@ -1,4 +1,5 @@
 import atexit
+import contextlib
 import os
 import signal
 import sys
@@ -25,10 +26,9 @@ def exit_without_teardown(code: int) -> None:
 
 def _flush_and_exit(code: int) -> None:
     for stream in (sys.stdout, sys.stderr):
-        try:
+        # a closed pipe, or a flush interrupted by the signal: nothing more to write
+        with contextlib.suppress(OSError, RuntimeError, ValueError):
             stream.flush()
-        except (OSError, RuntimeError, ValueError):  # a closed pipe, or a flush interrupted by the signal
-            pass
     os._exit(code)
 
 

@@ -127,6 +127,12 @@ def center_crop(x: Tensor, share: float) -> Tensor:
     return x[..., top : top + ch, left : left + cw]
 
 
+def evaluation_view(x: Tensor, share: float, size: tuple[int, int]) -> Tensor:
+    """What evaluation, and every consumer of an exported model, makes of a batch of decoded squares: the
+    central `share` of each side, resized to the network's input `size`."""
+    return resize(center_crop(x, share) if share < 1 else x, size)
+
+
 def random_erasing(x: Tensor, p: float) -> Tensor:
     """torchvision's RandomErasing (area 2-33 %, aspect ratio 0.3-3.3, filled with 0: the mean of normalised
     images) for each image with probability `p`, as one mask over the batch."""
@@ -267,14 +273,12 @@ class BatchAugmentMixin:
         `crop_scale` a random-resized crop per image, else the whole image resized (a no-op when the images are
         stored at that size) and the padded crop; evaluation keeps the central `eval_crop` of each side. `rows`
         are the images' dataset rows (alternating flips)."""
-        if train and self.crop_scale is not None:
+        if not train:
+            return evaluation_view(x, self.eval_crop, size)
+        if self.crop_scale is not None:
             x = random_resized_crop(x, size, self.crop_scale, self.crop_ratio)
-        elif not train and self.eval_crop < 1:
-            x = resize(center_crop(x, self.eval_crop), size)
         else:
             x = resize(x, size)
-        if not train:
-            return x
         if self.crop_scale is None:
             x = random_crop(x, self.crop_padding, padding_mode=self.crop_padding_mode)
         if self.flip == "alternate" and rows is not None:

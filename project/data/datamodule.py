@@ -82,6 +82,9 @@ class ImageDataModule(BatchAugmentMixin, L.LightningDataModule):
     std: tuple[float, ...] = (0.5, 0.5, 0.5)
     #: Whether mean/std were given (by the config or a pretrained network) rather than measured on the data.
     _given_stats: bool = False
+    #: Side of the squares images are decoded to before the device brings them to the input (a larger one
+    #: leaves room for random-resized crops); None: the input's own.
+    source_size: int | None = None
 
     def __init__(
         self,
@@ -275,13 +278,15 @@ class ImageDataModule(BatchAugmentMixin, L.LightningDataModule):
             self._given_stats = True
 
     def state_dict(self) -> dict[str, Any]:
-        # Stored in checkpoints: evaluating or predicting from one normalises exactly as training did.
-        names = list(self.class_names)
+        # Stored in checkpoints: evaluating, predicting, exporting or serving from one prepares images exactly
+        # as training's evaluation did (decoded squares of source_size, the central eval_crop, normalised).
         return {
             "mean": list(self.mean),
             "std": list(self.std),
-            "class_names": names,
+            "class_names": list(self.class_names),
             "multilabel": self.multilabel,
+            "source_size": self.source_size or self.input_shape[1],
+            "eval_crop": self.eval_crop,
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:

@@ -202,10 +202,7 @@ def export_trained(
             "shape": ["batch", *pre.input_shape],
             "dtype": "float32",
             "layout": "NCHW, RGB",
-            "steps": (
-                "decode as RGB; resize the shorter side to input_shape[1] (bilinear); centre-crop to "
-                "input_shape[1] x input_shape[2]; scale to [0, 1]; subtract mean and divide by std per channel"
-            ),
+            "steps": pre.steps(),
         },
         "output": {
             "name": decoder.output_name,

@@ -36,9 +36,9 @@ def _cifar(spec: str, data_dir: str, pre: Preprocessing) -> tuple[Dataset, list[
         raise UserError(
             f"{name} is not in {Path(data_dir).resolve()} ({e}); set --data_dir to where it is"
         ) from None
-    if pre.image_size != 32:
+    if pre.decode_size != 32:
         raise UserError(
-            f"the model expects {pre.image_size}x{pre.image_size} inputs; {name} images are 32x32"
+            f"the model expects images decoded at {pre.decode_size}x{pre.decode_size}; {name} images are 32x32"
         )
     images = torch.from_numpy(ds.data).permute(0, 3, 1, 2).contiguous()
     return TensorImageDataset(images), [f"{name}/{split}/{i}" for i in range(len(images))]
@@ -54,7 +54,7 @@ def _folder(
         raise UserError(f"--input folder {folder} contains no images")
     # Every unreadable file named at once, before any is classified (or all of them left out, with a warning).
     files = readable_files(files, max_pixels, skip_corrupt)
-    return ImageFileDataset(files, None, pre.image_size, max_pixels), [str(f) for f in files]
+    return ImageFileDataset(files, None, pre.decode_size, max_pixels), [str(f) for f in files]
 
 
 def predict_onnx(
@@ -110,7 +110,7 @@ def predict_onnx(
         writer = csv.writer(f)
         writer.writerow(["input", *decoder.csv_header()])
         for images, index in loader:
-            probs = decoder.probabilities(runtime(pre.normalize(images).numpy()))
+            probs = decoder.probabilities(runtime(pre.normalize(pre.to_input(images)).numpy()))
             for i, row in zip(index.tolist(), probs, strict=True):
                 writer.writerow([names[i], *decoder.csv_row(row)])
     print(f"{len(names)} predictions written to {path}")

@@ -1,9 +1,10 @@
 """What a consumer of an exported model must do to an image before the network sees it.
 
 Training normalises batches inside the DataModule, so an exported network expects normalised float input.
-`Preprocessing` carries the facts (input size, mean, std, class names) from the checkpoint into the JSON
-beside every export, and applies them exactly as training did: the same decode (any size and mode ->
-RGB, shorter side resized, centre crop) and the same normalisation function.
+`Preprocessing` carries the facts (input size, mean, std, class names, and the decoded square and centre
+crop evaluation used) from the checkpoint into the JSON beside every export, and applies them exactly as
+training's evaluation did: the same decode (any size and mode -> RGB, shorter side resized, centre square),
+the same crop and resize (`evaluation_view`) and the same normalisation function.
 """
 
 import io
@@ -16,7 +17,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from project.data.augment import normalize
+from project.data.augment import evaluation_view, normalize
 from project.data.images import MAX_IMAGE_PIXELS, decode_image
 from project.errors import UserError
 
@@ -30,12 +31,17 @@ class Preprocessing:
         mean: Per-channel mean in [0, 1] units, subtracted after scaling pixels to [0, 1].
         std: Per-channel standard deviation, divided by after subtracting the mean.
         class_names: One name per output logit, in label order.
+        source_size: Side of the square each image is decoded to first (the DataModule's cache or decode
+            size); None: the input's own.
+        eval_crop: The central share of each side of that square kept before resizing it to the input.
     """
 
     input_shape: tuple[int, int, int]
     mean: tuple[float, ...]
     std: tuple[float, ...]
     class_names: tuple[str, ...]
+    source_size: int | None = None
+    eval_crop: float = 1.0
 
     def __post_init__(self) -> None:
         channels, height, width = self.input_shape
@@ -51,28 +57,48 @@ class Preprocessing:
         return self.input_shape[1]
 
     @property
+    def decode_size(self) -> int:
+        """Side of the square an image is decoded to before `to_input`."""
+        return self.source_size or self.image_size
+
+    @property
     def num_classes(self) -> int:
         return len(self.class_names)
+
+    def to_input(self, images: Tensor) -> Tensor:
+        """uint8 (B, C, decode_size, decode_size) -> (B, C, H, W) at the input size, as evaluation made it:
+        unchanged uint8 when it is that size already, else float in [0, 255]."""
+        return evaluation_view(images, self.eval_crop, (self.input_shape[1], self.input_shape[2]))
 
     def normalize(self, images: Tensor) -> Tensor:
         """uint8 (B, C, H, W) -> float32 network input, exactly as the DataModule does it."""
         return normalize(images, torch.tensor(self.mean), torch.tensor(self.std))
 
     def decode(self, source: str | Path | bytes, max_pixels: int = MAX_IMAGE_PIXELS) -> Tensor:
-        """An image file (path or raw bytes) of any size and mode -> uint8 (C, H, W) at the input size.
+        """An image file (path or raw bytes) of any size and mode -> (C, H, W) at the input size (`to_input`).
 
         Raises one of `project.data.images.BAD_IMAGE_ERRORS` for data that is not an image, or an image of
         more than `max_pixels` pixels (ImageTooLarge).
         """
         file = io.BytesIO(source) if isinstance(source, bytes) else source
-        return torch.from_numpy(
-            np.ascontiguousarray(decode_image(file, self.image_size, max_pixels))
-        ).permute(2, 0, 1)
+        square = torch.from_numpy(np.ascontiguousarray(decode_image(file, self.decode_size, max_pixels)))
+        return self.to_input(square.permute(2, 0, 1)[None])[0]
+
+    def steps(self) -> str:
+        """`decode` and `normalize` in words, for a consumer outside Python."""
+        size, (_, height, width) = self.decode_size, self.input_shape
+        crop = f"keep the central {self.eval_crop:g} of each side; " if self.eval_crop < 1 else ""
+        resize = (
+            f"{crop}resize to {height} x {width} (bilinear, antialiased); " if crop or size != height else ""
+        )
+        return (
+            f"decode as RGB; resize the shorter side to {size} (bilinear); centre-crop to {size} x {size}; "
+            f"{resize}scale to [0, 1]; subtract mean and divide by std per channel"
+        )
 
     # -- the JSON beside an export ---------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        return {k: list(v) for k, v in d.items()}
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any], source: str = "preprocessing") -> "Preprocessing":
@@ -85,6 +111,9 @@ class Preprocessing:
             mean=tuple(float(v) for v in d["mean"]),
             std=tuple(float(v) for v in d["std"]),
             class_names=tuple(str(v) for v in d["class_names"]),
+            # absent from exports and checkpoints written before evaluation could crop: the whole image
+            source_size=None if d.get("source_size") is None else int(d["source_size"]),
+            eval_crop=float(d.get("eval_crop", 1.0)),
         )
 
 

@@ -44,9 +44,10 @@ PT2E_FILE = "model.int8-pt2e.pt2"
 
 
 def _normalised(batches, pre: Preprocessing) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    """(uint8 images, targets) loader batches -> (normalised float32 numpy, targets as numpy)."""
+    """(uint8 images, targets) loader batches -> (network input as float32 numpy, targets as numpy): cropped,
+    resized and normalised as a deployment's consumer does it."""
     for x, y in batches:
-        yield pre.normalize(x).numpy(), y.numpy()
+        yield pre.normalize(pre.to_input(x)).numpy(), y.numpy()
 
 
 @dataclass

@@ -84,10 +84,14 @@ def checkpoint_preprocessing(checkpoint: dict[str, Any], datamodule_class: str, 
     input_shape = hparams.get("input_shape")
     if not class_names or not input_shape:
         raise UserError(f"{source} lacks class_names or input_shape in its hyperparameters")
-    return Preprocessing.from_dict(
-        {"input_shape": input_shape, "mean": state["mean"], "std": state["std"], "class_names": class_names},
-        source=source,
-    )
+    facts = {
+        "input_shape": input_shape,
+        "mean": state["mean"],
+        "std": state["std"],
+        "class_names": class_names,
+    }
+    facts |= {k: state[k] for k in ("source_size", "eval_crop") if k in state}
+    return Preprocessing.from_dict(facts, source=source)
 
 
 def load_trained(

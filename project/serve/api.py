@@ -96,7 +96,8 @@ class ClassifierAPI(ls.LitAPI):
 
     # -- per request ----------------------------------------------------------------------------------------
     def decode_request(self, request: UploadedFile) -> torch.Tensor | Rejected:
-        """Upload bytes -> uint8 (C, H, W) at the model's input size, or a `Rejected` saying why not.
+        """Upload bytes -> (C, H, W) at the model's input size (`Preprocessing.decode`), or a `Rejected` saying
+        why not.
 
         Never raises: whatever is wrong with one upload is answered for that upload alone, and the other
         requests batched with it are classified as usual.
