@@ -107,7 +107,7 @@ class ImageFilesDataModule(KFoldMixin, ImageDataModule):
         super().__init__(crop_padding=image_size // 8 if crop_padding is None else crop_padding, **kwargs)
         self.image_size, self.trivial_augment = image_size, trivial_augment
         #: The side of the images stored (and read): the network's input, or the larger source it is cut from.
-        self.source_size = cache_size or image_size
+        self.source_size: int = cache_size or image_size
         self.cache = cache
         self.cache_dir = Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
         self.skip_corrupt = skip_corrupt

@@ -117,7 +117,7 @@ class StreamingImageDataModule(KFoldMixin, ImageDataModule):
         super().__init__(crop_padding=image_size // 8 if crop_padding is None else crop_padding, **kwargs)
         self.input_dir = input_dir if "://" in input_dir else str(Path(input_dir).expanduser())
         self.image_size = image_size
-        self.source_size = decode_size or image_size
+        self.source_size: int = decode_size or image_size
         self.cache_dir = cache_dir
         self.max_cache_size = max_cache_size
         self.meta = read_metadata(self.input_dir)
