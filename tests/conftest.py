@@ -63,8 +63,16 @@ def subprocess_env() -> dict[str, str]:
 
 def run_cli(*args: str, cwd: Path, check: bool = True, timeout: int = 300) -> subprocess.CompletedProcess:
     """`python -m project <args>` in a subprocess (with the fake-CIFAR checksum patch)."""
+    return run_python(str(ROOT / "tests" / "patched_main.py"), *args, cwd=cwd, check=check, timeout=timeout)
+
+
+def run_python(
+    *args: object, cwd: Path = ROOT, check: bool = True, timeout: int = 300
+) -> subprocess.CompletedProcess:
+    """`python <args>` in a subprocess with the checkout importable; with `check`, a non-zero exit fails the
+    test with the end of both outputs."""
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "tests" / "patched_main.py"), *map(str, args)],
+        [sys.executable, *map(str, args)],
         cwd=cwd,
         env=subprocess_env(),
         capture_output=True,

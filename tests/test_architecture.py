@@ -5,7 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.conftest import ROOT, subprocess_env
+from tests.conftest import ROOT, run_python, subprocess_env
 from tests.fakes import make_image_folder
 
 PACKAGE = ROOT / "project"
@@ -114,15 +114,7 @@ def test_a_fit_imports_the_core_and_no_optional_extra(tmp_path):
     args = ["fit", "--config", "configs/folder.yaml", "--data.root", images, "--data.image_size", "16"]
     args += ["--data.cache_dir", tmp_path / "cache", "--model.net", "SimpleCNN", "--trainer.max_steps", "1"]
     args += ["--trainer.default_root_dir", tmp_path / "logs", "--trainer.enable_progress_bar", "false"]
-    proc = subprocess.run(
-        [sys.executable, "-c", FIT_IMPORTS, *map(str, args)],
-        cwd=ROOT,
-        env=subprocess_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = run_python("-c", FIT_IMPORTS, *args)
     imported = set(proc.stdout.split("IMPORTED ")[-1].split())
     assert not [m for m in imported if m.startswith(EXTRAS)], sorted(imported)
     # Pinned: a module joining what every fit imports is a decision (README "Layout" says what a fit reads).

@@ -6,7 +6,6 @@ config, e-mail parses of package metadata), which does not depend on the machine
 
 import gc
 import json
-import subprocess
 import sys
 from importlib import metadata
 from pathlib import Path
@@ -19,7 +18,7 @@ from lightning.pytorch.callbacks import Callback
 from project.cli import main, parse_fit_args
 from project.run import provenance
 from project.run.provenance import name_and_version, package_versions
-from tests.conftest import ROOT, subprocess_env
+from tests.conftest import ROOT, run_python
 from tests.fakes import make_image_folder
 
 
@@ -55,15 +54,7 @@ def test_start_up_runs_without_full_garbage_collections_and_training_with_them(t
     out = tmp_path / "probe.json"
     args = [*fit_args(tmp_path), "--trainer.callbacks+=tests.test_startup.StartupProbe"]
     args += ["--trainer.callbacks.path", str(out)]
-    proc = subprocess.run(
-        [sys.executable, "-m", "project", *args],
-        cwd=ROOT,
-        env=subprocess_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    run_python("-m", "project", *args)
     state = json.loads(out.read_text())
     # Imports and parsing walked millions of objects in each full collection; training collects as usual, past
     # the objects start-up built (frozen, and shared with the forked loader workers).
