@@ -12,9 +12,11 @@ folder recipe, and the compute ceiling; all the same network (torchvision ResNet
 
 Each template run starts from an empty image cache (a user's first run: the cache build is in its wall time)
 and is tested afterwards on root/test from its last checkpoint, by `python -m project test` (not timed). Runs go
-one at a time, in the order given; one JSON line per run.
+one at a time, in the order given (each variant once per seed of `--seeds`, the template's `seed_everything`);
+one JSON line per run.
 
     python -m benchmarks.photo_recipes --root /tmp/clothing --epochs 10 --variants folder photos reference ceiling
+    python -m benchmarks.photo_recipes --root /tmp/clothing --epochs 30 --variants folder photos --seeds 42 1 7
 """
 
 import argparse
@@ -50,7 +52,7 @@ def run(command: list[str]) -> tuple[str, float]:
     return proc.stdout + proc.stderr, wall
 
 
-def template(variant: str, args: argparse.Namespace, work: Path) -> dict:
+def template(variant: str, args: argparse.Namespace, work: Path, seed: int | None) -> dict:
     config = [
         *FOLDER,
         *PARTS[variant],
@@ -59,6 +61,7 @@ def template(variant: str, args: argparse.Namespace, work: Path) -> dict:
         "--data.cache_dir",
         str(work / "cache"),
     ]
+    config += [] if seed is None else ["--seed_everything", str(seed)]
     run_root = work / "runs"
     fit = [
         sys.executable, "-m", "project", "fit", *config, "--trainer.max_epochs", str(args.epochs),
@@ -103,6 +106,13 @@ def main() -> None:
     parser.add_argument("--root", type=Path, required=True)
     parser.add_argument("--epochs", type=int, default=10)
     parser.add_argument("--variants", nargs="+", default=["folder", "photos", "reference", "ceiling"])
+    parser.add_argument(
+        "--seeds",
+        nargs="+",
+        type=int,
+        default=[None],
+        help="template runs: seed_everything (default: the config's)",
+    )
     args = parser.parse_args()
     emit(benchmark="photo_recipes", **machine(), root=str(args.root), epochs=args.epochs)
     warm_bytecode()
@@ -110,8 +120,14 @@ def main() -> None:
         if variant in ("reference", "ceiling"):
             emit(**{**reference(args, in_memory=variant == "ceiling"), "variant": variant})
             continue
-        with tempfile.TemporaryDirectory() as work:
-            emit(variant=variant, epochs=args.epochs, **template(variant, args, Path(work)))
+        for seed in args.seeds:
+            with tempfile.TemporaryDirectory() as work:
+                emit(
+                    variant=variant,
+                    epochs=args.epochs,
+                    seed=seed,
+                    **template(variant, args, Path(work), seed),
+                )
 
 
 if __name__ == "__main__":

@@ -8,10 +8,12 @@ fit would otherwise often finish between the test seeing the checkpoint and pres
 
 import os
 import signal
+import subprocess
 import time
 from pathlib import Path
 
 import lightning as L
+import psutil
 from lightning.pytorch.callbacks import Callback
 
 from tests.conftest import CONFIGS
@@ -24,6 +26,26 @@ def tiny_folder(root: Path, per_class: int = 9, test: bool = False) -> Path:
     if test:
         make_image_folder(root / "test", classes=3, per_class=4, seed=1, extras=False)
     return root
+
+
+def fit_with_checkpoint(study: subprocess.Popen, seconds: float = 240) -> tuple[psutil.Process, str]:
+    """A running fit of the study (`cv` or `tune`, or a tune worker) once it has saved a last.ckpt: its process
+    and its trial or fold folder."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        assert study.poll() is None, study.communicate()
+        for child in psutil.Process(study.pid).children(recursive=True):
+            try:
+                command = child.cmdline()
+            except psutil.Error:  # a short-lived helper gone (or a zombie) meanwhile
+                continue
+            if "fit" in command and "--trainer.default_root_dir" in command:
+                # the last one: the study's own, after the user's
+                folder = command[len(command) - command[::-1].index("--trainer.default_root_dir")]
+                if list(Path(folder).rglob("last.ckpt")):
+                    return child, folder
+        time.sleep(0.1)
+    raise AssertionError("no fit of the study reached its first checkpoint")
 
 
 def tiny_fit_args(data: Path, root: Path, *extra: object) -> list[str]:

@@ -19,7 +19,7 @@ import pytest
 from optuna.trial import TrialState
 
 from tests.conftest import ROOT, subprocess_env
-from tests.study_runs import tiny_fit_args, tiny_folder
+from tests.study_runs import fit_with_checkpoint, tiny_fit_args, tiny_folder
 
 PORT = int(os.environ.get("PGTEST_PORT", "54329"))
 PASSWORD = os.environ.get("PGTEST_PASSWORD", "tuner-test-password")
@@ -78,29 +78,6 @@ def _start(args: list[str], tmp_path: Path) -> subprocess.Popen:
     )
 
 
-def _training_fit(worker: subprocess.Popen, seconds: float = 240) -> tuple[psutil.Process, str]:
-    """The worker's fit once it has a checkpoint to continue from, and its trial folder."""
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        assert worker.poll() is None, worker.communicate()
-        for child in psutil.Process(worker.pid).children(recursive=True):
-            try:
-                with_root = child.cmdline()
-            except (
-                psutil.NoSuchProcess,
-                psutil.AccessDenied,
-            ):  # a short-lived helper gone (or a zombie) meanwhile
-                continue
-            if "fit" in with_root and "--trainer.default_root_dir" in with_root:
-                folder = with_root[
-                    len(with_root) - 1 - with_root[::-1].index("--trainer.default_root_dir") + 1
-                ]
-                if list(Path(folder).rglob("last.ckpt")):
-                    return child, folder
-        time.sleep(0.2)
-    raise AssertionError("no fit of the worker reached its first checkpoint")
-
-
 def _unique(name: str) -> str:
     return f"{name}-{os.getpid()}-{time.time_ns()}"
 
@@ -110,7 +87,7 @@ def test_two_workers_share_a_study_and_a_killed_workers_trial_is_continued(postg
     args = _tune_args(tmp_path, study_name, "--n_trials", "3", "--wandb", "true")
     doomed, survivor = _start(args, tmp_path), _start(args, tmp_path)
     try:
-        fit, killed_folder = _training_fit(doomed)
+        fit, killed_folder = fit_with_checkpoint(doomed)
         fits = psutil.Process(doomed.pid).children(recursive=True)
         doomed.send_signal(signal.SIGKILL)
         doomed.wait()
@@ -160,7 +137,7 @@ def test_a_server_that_stops_mid_study_is_one_line_naming_it(postgres, tmp_path)
         _tune_args(tmp_path, study_name, "--n_trials", "3", "--wandb", "false", url=url), tmp_path
     )
     try:
-        _training_fit(worker)
+        fit_with_checkpoint(worker)
         stop = subprocess.run([str(SCRIPT), "stop"], env=env, capture_output=True, text=True, timeout=120)
         assert stop.returncode == 0, stop.stderr
         out, err = worker.communicate(timeout=300)

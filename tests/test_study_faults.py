@@ -26,7 +26,7 @@ from project.studies.runner import claim_folder
 from project.studies.storage import check_url, lost
 from project.studies.tune import _optuna_says_one_line
 from tests.conftest import ROOT, subprocess_env
-from tests.study_runs import tiny_fit_args, tiny_folder
+from tests.study_runs import fit_with_checkpoint, tiny_fit_args, tiny_folder
 
 PASSWORD = "hunter2-s3cret"
 LR = "model.optimizer.init_args.lr: {type: float, low: 1.0e-3, high: 1.0e-2, log: true}\n"
@@ -283,27 +283,6 @@ def wait_for(path_glob: Path, pattern: str, proc: subprocess.Popen, seconds: flo
         time.sleep(0.2)
 
 
-def _fit_with_checkpoint(study: subprocess.Popen, seconds: float = 240) -> str:
-    """The trial or fold folder of the study's running fit, once that fit has saved a last.ckpt."""
-    import psutil
-
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        assert study.poll() is None, study.communicate()
-        for child in psutil.Process(study.pid).children(recursive=True):
-            try:
-                command = child.cmdline()
-            except psutil.Error:
-                continue
-            if "fit" in command and "--trainer.default_root_dir" in command:
-                # the last one: the study's own, after the user's
-                folder = command[len(command) - command[::-1].index("--trainer.default_root_dir")]
-                if list(Path(folder).rglob("last.ckpt")):
-                    return folder
-        time.sleep(0.1)
-    raise AssertionError("no fit of the study reached its first checkpoint")
-
-
 def _held(args: list[str], cwd: Path) -> list[str]:
     """The study's arguments plus `HoldUntilCtrlC`, which keeps its first fit training until the Ctrl-C."""
     hold = {"class_path": "tests.study_runs.HoldUntilCtrlC", "init_args": {"marker": str(cwd / "held")}}
@@ -323,7 +302,7 @@ def _ctrl_c(args: list[str], cwd: Path) -> tuple[str, str, str]:
         start_new_session=True,
     )
     try:
-        folder = _fit_with_checkpoint(study)
+        _, folder = fit_with_checkpoint(study)
         os.killpg(study.pid, signal.SIGINT)
         out, err = study.communicate(timeout=300)
     finally:
