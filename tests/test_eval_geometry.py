@@ -56,7 +56,7 @@ def test_the_checkpoint_says_how_evaluation_cut_its_images(cropped_run, tmp_path
 
 
 def test_quantize_measures_the_accuracy_test_measures(cropped_run, tmp_path, capsys):
-    root, _, args, ckpt = cropped_run
+    _, _, args, ckpt = cropped_run
     main(["test", *args, "--ckpt_path", str(ckpt)])
     tested = float(re.search(r"test/acc\s*[│|]\s*([0-9.]+)", capsys.readouterr().out).group(1))
     results = quantize(

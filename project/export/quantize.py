@@ -43,7 +43,7 @@ DYNAMIC_FILE, STATIC_FILE = "model.int8-dynamic.onnx", "model.int8-static.onnx"
 PT2E_FILE = "model.int8-pt2e.pt2"
 
 
-def _normalised(batches, pre: Preprocessing) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+def _network_inputs(batches, pre: Preprocessing) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """(uint8 images, targets) loader batches -> (network input as float32 numpy, targets as numpy): cropped,
     resized and normalised as a deployment's consumer does it."""
     for x, y in batches:
@@ -189,7 +189,9 @@ def quantize(
     datamodule = build_datamodule(trained.config)
     datamodule.setup("fit")
     torch.manual_seed(seed)
-    calibration = [x for x, _ in islice(_normalised(datamodule.train_dataloader(), pre), calibration_batches)]
+    calibration = [
+        x for x, _ in islice(_network_inputs(datamodule.train_dataloader(), pre), calibration_batches)
+    ]
 
     export_trained(trained, out, formats=("onnx",), overwrite=True)  # the folder was claimed above
     with staged_outputs(out, replaces=[name for name in present if name in int8_files]) as staging:
@@ -225,7 +227,7 @@ def quantize(
     stage = "test" if split == "test" else "validate"
     datamodule.setup(stage)
     loader = datamodule.test_dataloader() if split == "test" else datamodule.val_dataloader()
-    batches = islice(_normalised(loader, pre), limit_batches)
+    batches = islice(_network_inputs(loader, pre), limit_batches)
     scores, samples = accuracy(runtimes, batches, reference="FP32 eager", decoder=decoder)
     sample = calibration[0]
     timing = speed(runtimes, sample, batch_size=batch_size, warmup=warmup, repeats=repeats)
