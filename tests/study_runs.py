@@ -2,10 +2,11 @@
 
 `KillOnce` is a callback for a fit subprocess: it SIGKILLs its own process once (a marker file remembers), at
 the end of a chosen training epoch of the run whose folder contains `match`, e.g. fold 2 of a cv study.
-`HoldUntilCtrlC` keeps a fit in training, once it has a last.ckpt, until the test's Ctrl-C reaches it: a tiny
-fit would otherwise often finish between the test seeing the checkpoint and pressing Ctrl-C.
+`HoldUntilStopped` keeps a fit in training, once it has a last.ckpt, until the test's Ctrl-C or kill reaches it:
+a tiny fit would otherwise often finish between the test seeing the checkpoint and stopping it.
 """
 
+import json
 import os
 import signal
 import subprocess
@@ -16,6 +17,7 @@ import lightning as L
 import psutil
 from lightning.pytorch.callbacks import Callback
 
+from project.run.preemption import StopTogether
 from tests.conftest import CONFIGS
 from tests.fakes import make_image_folder
 
@@ -81,22 +83,35 @@ class KillOnce(Callback):
             os.kill(os.getpid(), signal.SIGKILL)
 
 
-class HoldUntilCtrlC(Callback):
-    """Once per study (a marker file remembers): after the fit's first last.ckpt, waits at the next training
-    batch until the first Ctrl-C has reached it (at most `seconds`), so that Ctrl-C lands inside training."""
+#: Set (to 1) in the environment of the one study process a test will stop; the study's fits inherit it.
+HOLD_ENV = "PROJECT_TEST_HOLD_FIT"
+
+
+class HoldUntilStopped(Callback):
+    """In a fit whose environment sets `HOLD_ENV`: at the first training batch after a last.ckpt exists, waits
+    until a stop signal has reached the fit (SIGTERM, or a Ctrl-C, which the fit turns into SIGTERM: the flag
+    `StopTogether` keeps), at most `seconds`. `marker` is written when the wait starts, so a test can check it
+    held."""
 
     def __init__(self, marker: str, seconds: float = 120) -> None:
-        self.marker, self.seconds = Path(marker), seconds
+        self.marker, self.seconds, self.held = Path(marker), seconds, False
 
     def on_train_batch_start(
         self, trainer: L.Trainer, pl_module: L.LightningModule, batch, batch_idx
     ) -> None:
-        from project.run import interrupts
-
-        has_checkpoint = any(Path(trainer.default_root_dir).rglob("last.ckpt"))
-        if not has_checkpoint or self.marker.exists():
+        if self.held or os.environ.get(HOLD_ENV) != "1":
             return
+        if not any(Path(trainer.default_root_dir).rglob("last.ckpt")):
+            return
+        self.held = True
         self.marker.write_text("held")
         deadline = time.monotonic() + self.seconds
-        while not interrupts.stopped_by.startswith("Ctrl-C") and time.monotonic() < deadline:
+        (stop,) = [c for c in trainer.callbacks if isinstance(c, StopTogether)]
+        while not stop.received and time.monotonic() < deadline:
             time.sleep(0.05)
+
+
+def held(args: list[str], marker: Path) -> list[str]:
+    """The study's arguments plus `HoldUntilStopped` (which holds only where `HOLD_ENV` is set)."""
+    hold = {"class_path": "tests.study_runs.HoldUntilStopped", "init_args": {"marker": str(marker)}}
+    return [*args, f"--trainer.callbacks+={json.dumps(hold)}"]

@@ -19,7 +19,7 @@ import pytest
 from optuna.trial import TrialState
 
 from tests.conftest import ROOT, subprocess_env
-from tests.study_runs import fit_with_checkpoint, tiny_fit_args, tiny_folder
+from tests.study_runs import HOLD_ENV, fit_with_checkpoint, held, tiny_fit_args, tiny_folder
 
 PORT = int(os.environ.get("PGTEST_PORT", "54329"))
 PASSWORD = os.environ.get("PGTEST_PASSWORD", "tuner-test-password")
@@ -67,11 +67,12 @@ def _tune_args(tmp_path: Path, study: str, *extra: str, url: str = URL) -> list[
     return [*args, "--grace_period", "3", *extra]
 
 
-def _start(args: list[str], tmp_path: Path) -> subprocess.Popen:
+def _start(args: list[str], tmp_path: Path, hold: bool = False) -> subprocess.Popen:
+    """A tune worker; with `hold`, its fits wait in training for the stop the test sends (`HoldUntilStopped`)."""
     return subprocess.Popen(
         [sys.executable, str(ROOT / "tests" / "patched_main.py"), *args],
         cwd=tmp_path,
-        env=subprocess_env(),
+        env={**subprocess_env(), HOLD_ENV: "1"} if hold else subprocess_env(),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -84,14 +85,15 @@ def _unique(name: str) -> str:
 
 def test_two_workers_share_a_study_and_a_killed_workers_trial_is_continued(postgres, tmp_path):
     study_name = _unique("shared")
-    args = _tune_args(tmp_path, study_name, "--n_trials", "3", "--wandb", "true")
-    doomed, survivor = _start(args, tmp_path), _start(args, tmp_path)
+    args = held(_tune_args(tmp_path, study_name, "--n_trials", "3", "--wandb", "true"), tmp_path / "held")
+    doomed, survivor = _start(args, tmp_path, hold=True), _start(args, tmp_path)
     try:
         fit, killed_folder = fit_with_checkpoint(doomed)
         fits = psutil.Process(doomed.pid).children(recursive=True)
         doomed.send_signal(signal.SIGKILL)
         doomed.wait()
         psutil.wait_procs(fits, timeout=120)  # its fit got SIGTERM when its worker died, saved and stopped
+        assert (tmp_path / "held").exists()  # killed while its fit was still training
         out, err = survivor.communicate(timeout=600)
     finally:
         for worker in (doomed, survivor):

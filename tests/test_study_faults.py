@@ -26,7 +26,7 @@ from project.studies.runner import claim_folder
 from project.studies.storage import check_url, lost
 from project.studies.tune import _optuna_says_one_line
 from tests.conftest import ROOT, subprocess_env
-from tests.study_runs import fit_with_checkpoint, tiny_fit_args, tiny_folder
+from tests.study_runs import HOLD_ENV, fit_with_checkpoint, held, tiny_fit_args, tiny_folder
 
 PASSWORD = "hunter2-s3cret"
 LR = "model.optimizer.init_args.lr: {type: float, low: 1.0e-3, high: 1.0e-2, log: true}\n"
@@ -283,19 +283,13 @@ def wait_for(path_glob: Path, pattern: str, proc: subprocess.Popen, seconds: flo
         time.sleep(0.2)
 
 
-def _held(args: list[str], cwd: Path) -> list[str]:
-    """The study's arguments plus `HoldUntilCtrlC`, which keeps its first fit training until the Ctrl-C."""
-    hold = {"class_path": "tests.study_runs.HoldUntilCtrlC", "init_args": {"marker": str(cwd / "held")}}
-    return [*args, f"--trainer.callbacks+={json.dumps(hold)}"]
-
-
 def _ctrl_c(args: list[str], cwd: Path) -> tuple[str, str, str]:
     """Run a study, press Ctrl-C (SIGINT to its whole process group, as a terminal does) once a fit has a
     checkpoint; (the interrupted fit's folder, stdout, stderr)."""
     study = subprocess.Popen(
         [sys.executable, str(ROOT / "tests" / "patched_main.py"), *args],
         cwd=cwd,
-        env=subprocess_env(),
+        env={**subprocess_env(), HOLD_ENV: "1"},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -335,7 +329,7 @@ def test_ctrl_c_in_tune_is_one_line_and_the_rerun_continues_the_trial_from_its_c
         "--wandb",
         "false",
     ]
-    args = _held(args, tmp_path)
+    args = held(args, tmp_path / "held")
     folder, _, err = _ctrl_c(args, tmp_path)
     assert err.strip().splitlines()[-1] == (
         "error: stopped by Ctrl-C during trial 0; rerun the same tune command to continue: the trial resumes "
@@ -355,7 +349,7 @@ def test_ctrl_c_in_cv_is_one_line_and_the_rerun_resumes_the_fold(tmp_path):
 
     data = tiny_folder(tmp_path / "images")
     fit_args = tiny_fit_args(data, tmp_path, "--trainer.logger", "false", "--trainer.max_epochs", "4")
-    args = _held(["cv", *fit_args, "--folds", "2", "--name", "cv", "--wandb", "false"], tmp_path)
+    args = held(["cv", *fit_args, "--folds", "2", "--name", "cv", "--wandb", "false"], tmp_path / "held")
     folder, out, err = _ctrl_c(args, tmp_path)
     assert folder.endswith("fold_0")
     assert err.strip().splitlines()[-1] == (
