@@ -23,9 +23,13 @@ help: ## List the targets
 # Pinned: every requirement, pip, setuptools and wheel included, comes from the hashed list; the project itself
 # (editable, so it has no hash) is added on top without dependencies and built with the pinned setuptools.
 # `pip check` then fails if pyproject.toml asks for something the pins lack (re-pin: `make constraints`).
+# pip itself is installed first, alone: the pip a new venv bundles (23.2) refuses a dependency's extra, such as
+# litserve's uvicorn[standard], in --require-hashes mode once the index has a release newer than the pin.
 $(VENV)/.installed: pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 ifneq ($(CONSTRAINTS),)
+	awk '/^pip==/{p=1} p{print; if ($$0 !~ /\\$$/) exit}' $(CONSTRAINTS) > $(VENV)/pip-pin.txt
+	$(PY) -m pip install -q --require-hashes -r $(VENV)/pip-pin.txt
 	$(PY) -m pip install -q --require-hashes -r $(CONSTRAINTS)
 	$(PY) -m pip install -q --no-deps --no-build-isolation -e .
 	$(PY) -m pip check

@@ -204,21 +204,17 @@ def test_make_hooks_checks_every_commit(repo):
     assert git("commit", "-m", "tidy", cwd=repo, env=env).returncode == 0
 
 
+def install_dry_run(venv: Path, *args: str) -> str:
+    """The install recipe's commands as make would run them (-n: print, execute nothing)."""
+    command = ["make", "-n", "-B", "-f", str(ROOT / "Makefile"), f"VENV={venv}", "install", *args]
+    return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=60).stdout
+
+
 def test_install_can_skip_the_pins(tmp_path):
-    # Dry runs (-n: print, execute nothing) of the install recipe: pinned by default, pyproject's ranges
-    # with CONSTRAINTS= (what CI uses on Python versions other than the one the pins were resolved on).
+    # Pinned by default, pyproject's ranges with CONSTRAINTS= (what CI uses on Python versions other than the
+    # one the pins were resolved on).
     def dry_run(*args: str) -> str:
-        command = [
-            "make",
-            "-n",
-            "-B",
-            "-f",
-            str(ROOT / "Makefile"),
-            f"VENV={tmp_path / 'venv'}",
-            "install",
-            *args,
-        ]
-        return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=60).stdout
+        return install_dry_run(tmp_path / "venv", *args)
 
     pinned = dry_run()
     assert "pip install -q --require-hashes -r constraints.txt" in pinned
@@ -226,6 +222,26 @@ def test_install_can_skip_the_pins(tmp_path):
     ranges = dry_run("CONSTRAINTS=")
     assert "-e '.[dev,postgres,streaming]'" in ranges and "constraints.txt" not in ranges
     assert "--require-hashes" not in ranges  # the ranges resolve anew: there is nothing to check them against
+
+
+def test_the_pinned_pip_is_installed_first_and_alone(tmp_path):
+    # The pip a new venv bundles (23.2) refuses a dependency's extra (litserve's uvicorn[standard]) in
+    # --require-hashes mode as soon as the index has a newer release than the pin: pip goes in first.
+    venv = tmp_path / "venv"
+    commands = install_dry_run(venv).splitlines()
+    pip_first = commands.index(f"{venv}/bin/python -m pip install -q --require-hashes -r {venv}/pip-pin.txt")
+    assert pip_first < commands.index(
+        f"{venv}/bin/python -m pip install -q --require-hashes -r constraints.txt"
+    )
+    venv.mkdir()
+    extract = next(c for c in commands if c.endswith(f"> {venv}/pip-pin.txt"))
+    subprocess.run(["bash", "-c", extract], cwd=ROOT, check=True, timeout=60)
+    pin = (venv / "pip-pin.txt").read_text().splitlines()
+    version = next(
+        line for line in (ROOT / "constraints.txt").read_text().splitlines() if line.startswith("pip==")
+    )
+    assert pin[0] == version and len(pin) >= 2
+    assert all(line.strip().startswith("--hash=sha256:") for line in pin[1:])
 
 
 def test_ci_workflow_runs_the_readme_test_command_on_python_310_to_312():
