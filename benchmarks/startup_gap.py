@@ -4,15 +4,19 @@ Both as whole processes from the command (benchmarks.fit_vs_plain's commands: Si
 folder at 32 px, the template with all its defaults and a warm image cache), the first step counted from the
 process's own start (benchmarks.clock.FitClock). With `--before DIR`, a second checkout of the template (e.g.
 `git worktree add /tmp/before <commit>`) runs in the same rotation, so a change's effect on start-up is measured
-side by side on the same machine state. Medians of `--repeats` interleaved rounds.
+side by side on the same machine state. With `--floor`, the plain recipe run by Lightning's Trainer and by a
+bare LightningCLI (benchmarks.lightning_floor) joins the rotation: what Lightning itself adds, which no template
+built on it can save. Medians of `--repeats` interleaved rounds.
 
     python -m benchmarks.startup_gap --root /tmp/cifar60k --before /tmp/before --repeats 7
+    python -m benchmarks.startup_gap --root /tmp/cifar60k --floor --repeats 7
 """
 
 import argparse
 import json
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -36,21 +40,36 @@ def main() -> None:
     parser.add_argument(
         "--before", type=Path, help="another checkout of the template, run in the same rotation"
     )
+    parser.add_argument(
+        "--floor", action="store_true", help="also the plain recipe in Trainer and LightningCLI"
+    )
     parser.add_argument("--repeats", type=int, default=7)
     args = parser.parse_args()
-    emit(benchmark="startup_gap", **machine(), root=str(args.root), before=str(args.before))
+    emit(benchmark="startup_gap", **machine(), root=str(args.root), before=str(args.before), floor=args.floor)
     with tempfile.TemporaryDirectory() as logs:
         cmds = commands(argparse.Namespace(root=args.root, steps=20, batch_size=64, warmup=5), Path(logs))
         runs = {"template": (cmds["template"], ROOT), "plain": (cmds["plain"], ROOT)}
         if args.before:
             runs["template before"] = (cmds["template"], args.before.resolve())
+        if args.floor:
+            floor = [
+                sys.executable,
+                "-m",
+                "benchmarks.lightning_floor",
+                "--root",
+                str(args.root),
+                "--steps",
+                "20",
+            ]
+            runs["lightning trainer"] = ([*floor, "--runner", "trainer"], ROOT)
+            runs["lightning cli"] = ([*floor, "--runner", "cli"], ROOT)
         warm_bytecode()
         if args.before:  # its bytecode written too, as a user's second run would find it
             import compileall
 
             for folder in ("project", "benchmarks"):
                 compileall.compile_dir(args.before / folder, quiet=1)
-        for command, cwd in {str(c): (cmd, c) for cmd, c in runs.values()}.values():  # caches warm, untimed
+        for command, cwd in runs.values():  # every cache warm (images, bytecode, page cache), untimed
             first_step(command, cwd)
         times: dict[str, list[float]] = {name: [] for name in runs}
         names = list(runs)
