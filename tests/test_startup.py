@@ -62,6 +62,13 @@ def test_start_up_runs_without_full_garbage_collections_and_training_with_them(t
     assert state["enabled"] and state["frozen"] > 100_000, state
 
 
+def test_the_installed_environment_starts_lightning_without_a_plotting_library():
+    # Where matplotlib is installed, importing Lightning imports matplotlib.pyplot (torchmetrics' plotting
+    # module does), in every command: it is the `plots` extra, not a dependency of the core.
+    probe = "import sys, project.cli; print(sorted(m for m in sys.modules if m.split('.')[0] == 'matplotlib'))"
+    assert run_python("-c", probe).stdout.strip() == "[]"
+
+
 def test_a_tool_runs_with_the_collector_on(tmp_path, monkeypatch):
     import project.cli as cli
     from project.run import startup

@@ -1,20 +1,21 @@
 """`LRFinder`: Lightning's learning-rate range test, with the suggestion printed, plotted and logged."""
 
+import importlib.util
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal, cast
+from typing import TYPE_CHECKING, Any, Literal
 
 import lightning as L
 from lightning.pytorch.callbacks import LearningRateFinder
 from lightning.pytorch.loggers import WandbLogger
 
+from project.atomic_files import atomic_write_text
 from project.callbacks.tuning.shared import override_factory, rebuild_optimizers, report, stop_after_tuning
 from project.errors import UserError
 from project.lit.factories import takes_argument
 
 if TYPE_CHECKING:
     from lightning.pytorch.tuner.lr_finder import _LRFinder
-    from matplotlib.figure import Figure
 
 
 class LRFinder(LearningRateFinder):
@@ -36,7 +37,8 @@ class LRFinder(LearningRateFinder):
             (null: never stop early).
         apply: False: stop after the test (a tuning-only run). True: go on training with the suggestion
             as the optimizer's `lr` (and as OneCycleLR's `max_lr`), rebuilding optimizer and schedule.
-        plot_path: Where the plot goes. Default: `lr_find.png` in the run's log directory.
+        plot_path: Where the plot goes (the curve goes beside it, as .csv). Default: `lr_find.png` in the
+            run's log directory.
     """
 
     def __init__(
@@ -75,7 +77,7 @@ class LRFinder(LearningRateFinder):
                 f"{self.num_training_steps} (limit_train_batches x max_epochs). Lower max_lr, or allow more batches."
             )
         self.suggestion = lr
-        plot = self._save_plot(trainer, finder)
+        saved = self._save_curve(trainer, finder)
 
         flags = f"--model.optimizer.init_args.lr {lr:.3g}"
         scheduler = getattr(pl_module, "scheduler", None)
@@ -85,7 +87,7 @@ class LRFinder(LearningRateFinder):
         report(
             trainer,
             f"LR finder: suggested learning rate {lr:.3g} (steepest loss descent over "
-            f"{len(losses)} steps from {self.min_lr:g} to {self.max_lr:g}); plot: {plot}\n"
+            f"{len(losses)} steps from {self.min_lr:g} to {self.max_lr:g}); {saved}\n"
             f"LR finder: {action}: {flags}",
             {"tuning/lr_suggestion": lr},
         )
@@ -93,24 +95,35 @@ class LRFinder(LearningRateFinder):
             stop_after_tuning()
         self._apply(trainer, pl_module, lr)
 
-    def _save_plot(self, trainer: L.Trainer, finder: "_LRFinder") -> Path:
+    def _save_curve(self, trainer: L.Trainer, finder: "_LRFinder") -> str:
+        """The curve as CSV and, with matplotlib, as a plot; says where they are."""
         path = Path(self.plot_path or Path(trainer.log_dir or trainer.default_root_dir) / "lr_find.png")
+        curve = path.with_suffix(".csv")
+        plots = importlib.util.find_spec("matplotlib") is not None  # the `plots` extra
         if trainer.is_global_zero:
-            import matplotlib
-
-            matplotlib.use("Agg")  # files only: works without a display
-            import matplotlib.pyplot as plt
-
-            # Without an `ax` to draw into, plot() makes its own Figure (plt.subplots()).
-            fig = cast("Figure", finder.plot(suggest=True, show=False))
-            fig.axes[0].set_title(f"Learning-rate range test: suggestion {finder.suggestion():.3g}")
             path.parent.mkdir(parents=True, exist_ok=True)
-            fig.savefig(path, dpi=120, bbox_inches="tight")
-            plt.close(fig)
-            for logger in trainer.loggers:
-                if isinstance(logger, WandbLogger):
-                    logger.log_image(key="tuning/lr_find", images=[str(path)], step=trainer.global_step)
-        return path
+            rows = zip(finder.results.get("lr", []), finder.results.get("loss", []), strict=True)
+            atomic_write_text(curve, "lr,loss\n" + "".join(f"{lr!r},{loss!r}\n" for lr, loss in rows))
+            if plots:
+                self._save_plot(trainer, finder, path)
+        if not plots:
+            return f"curve: {curve} (for a plot, install matplotlib: pip install -e '.[plots]')"
+        return f"curve: {curve}, plot: {path}"
+
+    def _save_plot(self, trainer: L.Trainer, finder: "_LRFinder", path: Path) -> None:
+        import matplotlib  # pyright: ignore[reportMissingImports]  # the `plots` extra
+
+        matplotlib.use("Agg")  # files only: works without a display
+        import matplotlib.pyplot as plt  # pyright: ignore[reportMissingImports]
+
+        # Without an `ax` to draw into, plot() makes its own Figure (plt.subplots()).
+        fig: Any = finder.plot(suggest=True, show=False)
+        fig.axes[0].set_title(f"Learning-rate range test: suggestion {finder.suggestion():.3g}")
+        fig.savefig(path, dpi=120, bbox_inches="tight")
+        plt.close(fig)
+        for logger in trainer.loggers:
+            if isinstance(logger, WandbLogger):
+                logger.log_image(key="tuning/lr_find", images=[str(path)], step=trainer.global_step)
 
     def _apply(self, trainer: L.Trainer, pl_module: L.LightningModule, lr: float) -> None:
         if not callable(getattr(pl_module, "optimizer", None)):
