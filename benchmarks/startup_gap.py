@@ -6,10 +6,13 @@ process's own start (benchmarks.clock.FitClock). With `--before DIR`, a second c
 `git worktree add /tmp/before <commit>`) runs in the same rotation, so a change's effect on start-up is measured
 side by side on the same machine state. With `--floor`, the plain recipe run by Lightning's Trainer and by a
 bare LightningCLI (benchmarks.lightning_floor) joins the rotation: what Lightning itself adds, which no template
-built on it can save. Medians of `--repeats` interleaved rounds.
+built on it can save. With `--with-path DIR`, the template also runs with DIR on PYTHONPATH, to measure what an
+optional package costs where it is installed (`pip install --target DIR matplotlib`). Medians of `--repeats`
+interleaved rounds.
 
     python -m benchmarks.startup_gap --root /tmp/cifar60k --before /tmp/before --repeats 7
     python -m benchmarks.startup_gap --root /tmp/cifar60k --floor --repeats 7
+    python -m benchmarks.startup_gap --root /tmp/cifar60k --floor --with-path /tmp/matplotlib --repeats 9
 """
 
 import argparse
@@ -43,6 +46,11 @@ def main() -> None:
     parser.add_argument(
         "--floor", action="store_true", help="also the plain recipe in Trainer and LightningCLI"
     )
+    parser.add_argument(
+        "--with-path",
+        type=Path,
+        help="also the template with this folder on PYTHONPATH (a package added with pip install --target)",
+    )
     parser.add_argument("--repeats", type=int, default=7)
     args = parser.parse_args()
     emit(benchmark="startup_gap", **machine(), root=str(args.root), before=str(args.before), floor=args.floor)
@@ -51,6 +59,9 @@ def main() -> None:
         runs = {"template": (cmds["template"], ROOT), "plain": (cmds["plain"], ROOT)}
         if args.before:
             runs["template before"] = (cmds["template"], args.before.resolve())
+        if args.with_path:
+            added = ["env", f"PYTHONPATH={args.with_path.resolve()}", *cmds["template"]]
+            runs[f"template with {args.with_path.name}"] = (added, ROOT)
         if args.floor:
             floor = [
                 sys.executable,
