@@ -8,8 +8,8 @@ from benchmarks.step_clock import StepClock, process_age
 class FitClock(L.Callback):
     """`StepClock` for `python -m project fit`: `--trainer.callbacks+=benchmarks.clock.FitClock`."""
 
-    def __init__(self, warmup: int = 100) -> None:
-        self.clock = StepClock(warmup)
+    def __init__(self, warmup: int = 100, variant: str = "template") -> None:
+        self.clock, self.variant = StepClock(warmup), variant
 
     def on_train_batch_start(
         self, trainer: L.Trainer, pl_module: L.LightningModule, batch, batch_idx: int
@@ -18,4 +18,4 @@ class FitClock(L.Callback):
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # When training ended, counted like the first step: the rest of the wall time is the run's close.
-        self.clock.report(variant="template", train_end_s=round(process_age(), 2))
+        self.clock.report(variant=self.variant, train_end_s=round(process_age(), 2))

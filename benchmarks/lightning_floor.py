@@ -63,11 +63,12 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=5, help="steps before the steady-state rate is timed")
     args = parser.parse_args()
-    root, steps, warmup = args.root, args.steps, args.warmup
     torch.manual_seed(0)
+    variant = f"lightning {args.runner}"
     if args.runner == "trainer":
-        trainer = L.Trainer(max_steps=steps, callbacks=[FitClock(warmup)], **QUIET)  # type: ignore[arg-type]
-        trainer.fit(PlainRecipe(), PlainFolder(root))
+        clock = FitClock(args.warmup, variant)
+        trainer = L.Trainer(max_steps=args.steps, callbacks=[clock], **QUIET)  # type: ignore[arg-type]
+        trainer.fit(PlainRecipe(), PlainFolder(args.root))
         return
     from lightning.pytorch.cli import LightningCLI
 
@@ -77,8 +78,9 @@ def main() -> None:
         trainer_defaults=QUIET,
         save_config_callback=None,
         args=[
-            "fit", "--data.root", str(root), "--trainer.max_steps", str(steps),
-            "--trainer.callbacks+=benchmarks.clock.FitClock", "--trainer.callbacks.warmup", str(warmup),
+            "fit", "--data.root", str(args.root), "--trainer.max_steps", str(args.steps),
+            "--trainer.callbacks+=benchmarks.clock.FitClock", "--trainer.callbacks.warmup", str(args.warmup),
+            "--trainer.callbacks.variant", variant,
         ],
     )  # fmt: skip
 
