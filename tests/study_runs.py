@@ -18,7 +18,7 @@ import psutil
 from lightning.pytorch.callbacks import Callback
 
 from project.run.preemption import StopTogether
-from tests.conftest import CONFIGS
+from tests.conftest import CONFIGS, subprocess_env
 from tests.fakes import make_image_folder
 
 
@@ -109,6 +109,11 @@ class HoldUntilStopped(Callback):
         (stop,) = [c for c in trainer.callbacks if isinstance(c, StopTogether)]
         while not stop.received and time.monotonic() < deadline:
             time.sleep(0.05)
+
+
+def holding_env() -> dict[str, str]:
+    """The environment of the one study process a test will stop: its fits hold (`HoldUntilStopped`)."""
+    return {**subprocess_env(), HOLD_ENV: "1"}
 
 
 def held(args: list[str], marker: Path) -> list[str]:

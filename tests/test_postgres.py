@@ -19,7 +19,7 @@ import pytest
 from optuna.trial import TrialState
 
 from tests.conftest import ROOT, subprocess_env
-from tests.study_runs import HOLD_ENV, fit_with_checkpoint, held, tiny_fit_args, tiny_folder
+from tests.study_runs import fit_with_checkpoint, held, holding_env, tiny_fit_args, tiny_folder
 
 PORT = int(os.environ.get("PGTEST_PORT", "54329"))
 PASSWORD = os.environ.get("PGTEST_PASSWORD", "tuner-test-password")
@@ -72,7 +72,7 @@ def _start(args: list[str], tmp_path: Path, hold: bool = False) -> subprocess.Po
     return subprocess.Popen(
         [sys.executable, str(ROOT / "tests" / "patched_main.py"), *args],
         cwd=tmp_path,
-        env={**subprocess_env(), HOLD_ENV: "1"} if hold else subprocess_env(),
+        env=holding_env() if hold else subprocess_env(),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

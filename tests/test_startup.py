@@ -65,7 +65,9 @@ def test_start_up_runs_without_full_garbage_collections_and_training_with_them(t
 def test_the_installed_environment_starts_lightning_without_a_plotting_library():
     # Where matplotlib is installed, importing Lightning imports matplotlib.pyplot (torchmetrics' plotting
     # module does), in every command: it is the `plots` extra, not a dependency of the core.
-    probe = "import sys, project.cli; print(sorted(m for m in sys.modules if m.split('.')[0] == 'matplotlib'))"
+    probe = (
+        "import sys, project.cli; print(sorted(m for m in sys.modules if m.split('.')[0] == 'matplotlib'))"
+    )
     assert run_python("-c", probe).stdout.strip() == "[]"
 
 

@@ -26,7 +26,7 @@ from project.studies.runner import claim_folder
 from project.studies.storage import check_url, lost
 from project.studies.tune import _optuna_says_one_line
 from tests.conftest import ROOT, subprocess_env
-from tests.study_runs import HOLD_ENV, fit_with_checkpoint, held, tiny_fit_args, tiny_folder
+from tests.study_runs import fit_with_checkpoint, held, holding_env, tiny_fit_args, tiny_folder
 
 PASSWORD = "hunter2-s3cret"
 LR = "model.optimizer.init_args.lr: {type: float, low: 1.0e-3, high: 1.0e-2, log: true}\n"
@@ -289,7 +289,7 @@ def _ctrl_c(args: list[str], cwd: Path) -> tuple[str, str, str]:
     study = subprocess.Popen(
         [sys.executable, str(ROOT / "tests" / "patched_main.py"), *args],
         cwd=cwd,
-        env={**subprocess_env(), HOLD_ENV: "1"},
+        env=holding_env(),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

@@ -244,6 +244,13 @@ def test_the_pinned_pip_is_installed_first_and_alone(tmp_path):
     assert all(line.strip().startswith("--hash=sha256:") for line in pin[1:])
 
 
+def test_every_extra_the_readme_installs_is_declared():
+    # `pip install -e '.[plots]'` and the like: pip only warns about an extra that does not exist.
+    named = re.findall(r"pip install -e ['\"]\.\[([a-z,-]+)\]['\"]", (ROOT / "README.md").read_text())
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert {"plots", "streaming", "postgres"} <= {e for n in named for e in n.split(",")} <= set(extras)
+
+
 def test_ci_workflow_runs_the_readme_test_command_on_python_310_to_312():
     workflow = yaml.safe_load((ROOT / ".github/workflows/ci.yml").read_text())
     triggers = workflow.get("on", workflow.get(True))  # YAML 1.1 reads a bare `on` as True
