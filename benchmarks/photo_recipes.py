@@ -4,11 +4,12 @@ folder recipe, and the compute ceiling; all the same network (torchvision ResNet
 (configs/folder.yaml's 64 px), optimizer and schedule.
 
   folder     python -m project fit --config configs/folder.yaml --data.root ROOT
-  photos     ... --config configs/experiment/photos.yaml (crops from a 96-px cache, TrivialAugmentWide,
-             random erasing, MixUp/CutMix)
-  +crops, +trivial, +erasing, +mix, +ema   folder plus one part (+ema: configs/callbacks/ema.yaml)
+  photos     ... --config configs/experiment/photos.yaml (batches of 64, random-resized crops from a 96-px
+             cache, a centred crop for evaluation)
+  +crops, +trivial, +erasing, +mix, +ema, +batch64   folder plus one part (+ema: configs/callbacks/ema.yaml)
   reference  python -m benchmarks.torchvision_reference (per-sample RandomResizedCrop from the JPEGs)
   ceiling    the same training steps on tensors in memory (python -m benchmarks.torchvision_reference --in-memory)
+  ceiling-photos  the same at the photos preset's batch size (64)
 
 Each template run starts from an empty image cache (a user's first run: the cache build is in its wall time)
 and is tested afterwards on root/test from its last checkpoint, by `python -m project test` (not timed). Runs go
@@ -22,6 +23,7 @@ one JSON line per run.
 import argparse
 import json
 import re
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -40,7 +42,10 @@ PARTS = {
     "+erasing": ["--data.random_erasing", "0.25"],
     "+mix": ["--data.mixup_alpha", "0.2", "--data.cutmix_alpha", "1.0", "--data.mix_prob", "0.5"],
     "+ema": ["--config", "configs/callbacks/ema.yaml"],
+    "+batch64": ["--data.batch_size", "64"],
 }
+# Batch sizes of the runs outside the template: the folder recipe's (and the photos preset's, for ceiling-photos).
+BATCH_SIZES = {"reference": 128, "ceiling": 128, "ceiling-photos": 64}
 
 
 def run(command: list[str]) -> tuple[str, float]:
@@ -56,6 +61,7 @@ def template(variant: str, args: argparse.Namespace, work: Path, seed: int | Non
     config = [
         *FOLDER,
         *PARTS[variant],
+        *args.extra,
         "--data.root",
         str(args.root),
         "--data.cache_dir",
@@ -91,9 +97,10 @@ def template(variant: str, args: argparse.Namespace, work: Path, seed: int | Non
             "train_s": round(train_s, 1)}  # fmt: skip
 
 
-def reference(args: argparse.Namespace, in_memory: bool) -> dict:
+def reference(args: argparse.Namespace, in_memory: bool, batch_size: int) -> dict:
     command = [sys.executable, "-m", "benchmarks.torchvision_reference", "--root", str(args.root)]
-    command += ["--epochs", str(args.epochs), *(["--in-memory"] if in_memory else [])]
+    command += ["--epochs", str(args.epochs), "--batch-size", str(batch_size)]
+    command += ["--in-memory"] if in_memory else []
     out, wall = run(command)
     record = json.loads(next(x for x in out.splitlines() if x.startswith("RESULT ")).removeprefix("RESULT "))
     if not in_memory:
@@ -113,12 +120,19 @@ def main() -> None:
         default=[None],
         help="template runs: seed_everything (default: the config's)",
     )
+    parser.add_argument(
+        "--extra",
+        type=shlex.split,
+        default=[],
+        help='arguments added to every template run\'s config, e.g. "--data.batch_size 64"',
+    )
     args = parser.parse_args()
-    emit(benchmark="photo_recipes", **machine(), root=str(args.root), epochs=args.epochs)
+    emit(benchmark="photo_recipes", **machine(), root=str(args.root), epochs=args.epochs, extra=args.extra)
     warm_bytecode()
     for variant in args.variants:
-        if variant in ("reference", "ceiling"):
-            emit(**{**reference(args, in_memory=variant == "ceiling"), "variant": variant})
+        if variant in BATCH_SIZES:
+            record = reference(args, in_memory=variant != "reference", batch_size=BATCH_SIZES[variant])
+            emit(**{**record, "variant": variant})
             continue
         for seed in args.seeds:
             with tempfile.TemporaryDirectory() as work:
