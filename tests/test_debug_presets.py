@@ -31,13 +31,18 @@ SHORT = [
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 
-class ZeroNormMLP(MLP):
-    """The MLP plus a hand-written norm of a zero vector: the loss stays finite, the gradient is 0 * inf = NaN."""
+class GuardedLogMLP(MLP):
+    """The MLP plus a log of zero guarded by `torch.where`: the loss stays finite, log's gradient is 0 / 0 = NaN.
+
+    `where` hands the branch it did not pick an exact zero gradient, and log's backward divides it by its exact
+    zero input, so `LogBackward0` is the one operation that can turn the gradient NaN, whatever the CPU's kernels
+    (a norm of a zero vector is not: its NaN came from sqrt or from pow depending on a sum's rounding).
+    """
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         logits = super().forward(x)
         zero = logits - logits.detach()
-        return logits + (zero**2).sum(dim=1, keepdim=True).sqrt()
+        return logits + torch.where(zero == 0, zero, zero.log())
 
 
 class OOMAtBatch(MLP):
@@ -106,12 +111,12 @@ def test_overfit_memorises_its_batches(fake_cifar, tmp_path):
 
 
 def test_anomaly_names_the_operation_whose_gradient_is_nan(fake_cifar, tmp_path, recwarn):
-    nan_net = ["--model.net", f"{__name__}.ZeroNormMLP", "--model.net.hidden", "32"]
-    with pytest.raises(RuntimeError, match=r"Function 'SqrtBackward0' returned nan values in its 0th output"):
+    nan_net = ["--model.net", f"{__name__}.GuardedLogMLP", "--model.net.hidden", "32"]
+    with pytest.raises(RuntimeError, match=r"Function 'LogBackward0' returned nan values in its 0th output"):
         run("anomaly.yaml", fake_cifar, tmp_path, *SHORT, *nan_net)
     # ... and shows where that operation ran in the forward pass: the line to fix.
     (traceback,) = [str(w.message) for w in recwarn if "Traceback of forward call" in str(w.message)]
-    assert "return logits + (zero**2).sum(dim=1, keepdim=True).sqrt()" in traceback
+    assert "return logits + torch.where(zero == 0, zero, zero.log())" in traceback
 
 
 def test_anomaly_runs_a_few_steps(fake_cifar, tmp_path):
