@@ -10,6 +10,8 @@ itself must name what is at fault (the file, key or value) and what to do about 
 import logging
 import sys
 
+from project import PACKAGE
+
 
 class UserError(Exception):
     """Bad input from the user, reported as one clear line."""
@@ -59,7 +61,7 @@ class _StderrHandler(logging.StreamHandler):
         pass
 
 
-_log = logging.getLogger("project")
+_log = logging.getLogger(PACKAGE)
 _log.addHandler(_StderrHandler())
 _log.handlers[-1].setFormatter(logging.Formatter("warning: %(message)s"))
 _log.propagate = False

@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 
+import project
 from tests.fakes import make_fake_cifar, make_image_folder, patch_cifar_integrity
 
 
@@ -25,6 +26,8 @@ def _rank_zero_is_restored():
 
 
 ROOT = Path(__file__).resolve().parent.parent
+#: The package under test, as `python -m` and imports name it (a renamed copy of the template changes no test).
+PACKAGE = project.__name__
 CONFIGS = ROOT / "configs"
 
 # Offline, quiet W&B for every test, whatever the developer's shell says.

@@ -5,37 +5,45 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.conftest import ROOT, run_python, subprocess_env
+from tests.conftest import PACKAGE, ROOT, run_python, subprocess_env
 from tests.fakes import make_image_folder
 
-PACKAGE = ROOT / "project"
+PACKAGE_DIR = ROOT / PACKAGE
+
+
+def modules(*names: str) -> list[str]:
+    """The package's modules `names` (relative, e.g. `cli.config`; "" is the package itself) by their full names."""
+    return [f"{PACKAGE}.{name}" if name else PACKAGE for name in names]
+
 
 #: From the bottom up: a module may import (at module level) only modules of its own floor or below. Lazy imports
 #: inside functions are how a lower floor reaches an optional extra, and are not arrows here.
 FLOORS = [
-    ["project", "project.errors", "project.models"],
-    ["project.atomic_files"],
-    ["project.run", "project.data", "project.compression"],
-    ["project.distributed"],
-    ["project.lit"],
-    ["project.callbacks"],
-    ["project.cli"],
-    ["project.studies", "project.export", "project.__main__"],
-    ["project.serve"],
+    modules("", "errors", "models"),
+    modules("atomic_files"),
+    modules("run", "data", "compression"),
+    modules("distributed"),
+    modules("lit"),
+    modules("callbacks"),
+    modules("cli"),
+    modules("studies", "export", "__main__"),
+    modules("serve"),
 ]
 
 #: The optional extras: a `fit` that names none of them imports nothing of them.
-EXTRAS = (
-    "project.compression",
-    "project.studies",
-    "project.export",
-    "project.serve",
-    "project.callbacks.tuning",
-    "project.callbacks.debug",
-    "project.callbacks.lookahead",
-    "project.callbacks.whitening",
-    "project.callbacks.diagnostics.throughput",
-    "project.callbacks.diagnostics.update_ratio",
+EXTRAS = tuple(
+    modules(
+        "compression",
+        "studies",
+        "export",
+        "serve",
+        "callbacks.tuning",
+        "callbacks.debug",
+        "callbacks.lookahead",
+        "callbacks.whitening",
+        "callbacks.diagnostics.throughput",
+        "callbacks.diagnostics.update_ratio",
+    )
 )
 
 
@@ -46,7 +54,7 @@ def module_name(path: Path) -> str:
 
 def module_level_imports() -> dict[str, set[str]]:
     """Each module of the package -> the project modules it imports at module level (not inside functions)."""
-    modules = {module_name(p): p for p in PACKAGE.rglob("*.py")}
+    modules = {module_name(p): p for p in PACKAGE_DIR.rglob("*.py")}
     graph: dict[str, set[str]] = {}
     for name, path in modules.items():
         found = set()
@@ -101,11 +109,11 @@ def test_the_import_graph_has_no_cycle():
             assert cycle is None or all(cycle[0].split(".")[1] == m.split(".")[1] for m in cycle), cycle
 
 
-FIT_IMPORTS = """
+FIT_IMPORTS = f"""
 import sys
-from project.cli import main
+from {PACKAGE}.cli import main
 main(sys.argv[1:])
-print("IMPORTED " + " ".join(sorted(m for m in sys.modules if m == "project" or m.startswith("project."))))
+print("IMPORTED " + " ".join(sorted(m for m in sys.modules if m.partition(".")[0] == {PACKAGE!r})))
 """
 
 
@@ -122,73 +130,73 @@ def test_a_fit_imports_the_core_and_no_optional_extra(tmp_path):
 
 
 FIT_CORE = set(
-    [
-        "project",
-        "project.callbacks",
-        "project.callbacks.budget_end_validation",
-        "project.callbacks.checkpoint",
-        "project.callbacks.diagnostics",
-        "project.callbacks.diagnostics.data_wait",
-        "project.callbacks.diagnostics.grad_norm",
-        "project.callbacks.diagnostics.nonfinite",
-        "project.callbacks.diagnostics.wandb_dashboard",
-        "project.callbacks.effective_batch_size",
-        "project.callbacks.prediction_writer",
-        "project.cli",
-        "project.cli.config",
-        "project.cli.lightning_notices",
-        "project.cli.trainer_callbacks",
-        "project.data",
-        "project.data.augment",
-        "project.data.cifar",
-        "project.data.csv_files",
-        "project.data.csv_images",
-        "project.data.datamodule",
-        "project.data.folder",
-        "project.data.image_files",
-        "project.data.samplers",
-        "project.data.folds",
-        "project.data.image_cache",
-        "project.data.images",
-        "project.data.tensor_dataset",
-        "project.distributed",
-        "project.distributed.fsdp2",
-        "project.distributed.sharding",
-        "project.errors",
-        "project.atomic_files",
-        "project.lit",
-        "project.lit.factories",
-        "project.lit.image_classifier",
-        "project.lit.multilabel_classifier",
-        "project.lit.task",
-        "project.lit.tta",
-        "project.models",
-        "project.models.airbench",
-        "project.models.cifar_resnet",
-        "project.models.init",
-        "project.models.mlp",
-        "project.models.simple_cnn",
-        "project.models.timm_net",
-        "project.models.torchvision_net",
-        "project.run",
-        "project.run.checkpoints",
-        "project.run.interrupts",
-        "project.run.lightning_private",
-        "project.run.plan",
-        "project.run.preemption",
-        "project.run.provenance",
-        "project.run.redaction",
-        "project.run.resume",
-        "project.run.run_folder",
-        "project.run.startup",
-        "project.run.wandb_logger",
-    ]
+    modules(
+        "",
+        "callbacks",
+        "callbacks.budget_end_validation",
+        "callbacks.checkpoint",
+        "callbacks.diagnostics",
+        "callbacks.diagnostics.data_wait",
+        "callbacks.diagnostics.grad_norm",
+        "callbacks.diagnostics.nonfinite",
+        "callbacks.diagnostics.wandb_dashboard",
+        "callbacks.effective_batch_size",
+        "callbacks.prediction_writer",
+        "cli",
+        "cli.config",
+        "cli.lightning_notices",
+        "cli.trainer_callbacks",
+        "data",
+        "data.augment",
+        "data.cifar",
+        "data.csv_files",
+        "data.csv_images",
+        "data.datamodule",
+        "data.folder",
+        "data.image_files",
+        "data.samplers",
+        "data.folds",
+        "data.image_cache",
+        "data.images",
+        "data.tensor_dataset",
+        "distributed",
+        "distributed.fsdp2",
+        "distributed.sharding",
+        "errors",
+        "atomic_files",
+        "lit",
+        "lit.factories",
+        "lit.image_classifier",
+        "lit.multilabel_classifier",
+        "lit.task",
+        "lit.tta",
+        "models",
+        "models.airbench",
+        "models.cifar_resnet",
+        "models.init",
+        "models.mlp",
+        "models.simple_cnn",
+        "models.timm_net",
+        "models.torchvision_net",
+        "run",
+        "run.checkpoints",
+        "run.interrupts",
+        "run.lightning_private",
+        "run.plan",
+        "run.preemption",
+        "run.provenance",
+        "run.redaction",
+        "run.resume",
+        "run.run_folder",
+        "run.startup",
+        "run.wandb_logger",
+    )
 )
 
 
-NAMES_PRUNING = """
+NAMES_PRUNING = f"""
 import sys
-from project.cli.config import parse_fit_args
+from {PACKAGE}.cli.config import parse_fit_args
 _, config = parse_fit_args(["--config", "configs/cifar10.yaml", "--config", "configs/callbacks/pruning.yaml"])
 print([str(c.class_path) for c in config.trainer.callbacks])
 """
@@ -198,6 +206,6 @@ def test_a_config_that_names_an_optional_callback_imports_it():
     proc = subprocess.run(
         [sys.executable, "-c", NAMES_PRUNING], cwd=ROOT, env=subprocess_env(), capture_output=True, text=True
     )
-    assert proc.returncode == 0 and "project.compression.pruning.ProgressivePruning" in proc.stdout, (
+    assert proc.returncode == 0 and f"{PACKAGE}.compression.pruning.ProgressivePruning" in proc.stdout, (
         proc.stderr
     )

@@ -36,7 +36,7 @@ from project.distributed import sharding_units
 from project.distributed.sharding import shard_network
 from project.lit import ImageClassifier
 from project.models import CIFARResNet, SimpleCNN
-from tests.conftest import CONFIGS, ROOT, newest_run, run_cli, subprocess_env
+from tests.conftest import CONFIGS, PACKAGE, ROOT, newest_run, run_cli, subprocess_env
 from tests.probes import PredictionProbe
 from tests.tiny_runs import TRAIN_SIZE, VAL_SIZE, csv_logger_config, fit_args, tiny_cifar
 
@@ -307,7 +307,7 @@ def free_port() -> int:
 def project_args(command: str) -> list[str]:
     """The arguments after `-m project` in a torchrun or srun command line."""
     args = shlex.split(command)
-    return args[args.index("project") + 1 :]
+    return args[args.index(PACKAGE) + 1 :]
 
 
 def test_readme_torchrun_commands_parse(capsys, monkeypatch):
@@ -397,7 +397,7 @@ def srun_command(script_args: list[str], tmp_path: Path, env: dict[str, str]) ->
 def test_slurm_script_starts_lightning_with_slurms_ranks(tmp_path, monkeypatch):
     cpu = ["--trainer.accelerator", "cpu", "--trainer.strategy.init_args.process_group_backend", "gloo"]
     command = srun_command(cpu, tmp_path, {"CONFIG": "configs/cifar100.yaml"})
-    assert command[1:4] == ["-m", "project", "fit"]
+    assert command[1:4] == ["-m", PACKAGE, "fit"]
     assert command[command.index("--config") + 1] == "configs/cifar100.yaml"
     # The process srun starts, as rank 1 of 2: Lightning must take ranks and world from SLURM.
     monkeypatch.chdir(ROOT)

@@ -23,7 +23,7 @@ from project.errors import UserError
 from project.export.trained import load_trained
 from project.serve.api import ClassifierAPI, Rejected
 from project.serve.server import serve
-from tests.conftest import ROOT
+from tests.conftest import PACKAGE, ROOT
 from tests.fakes import class_images
 
 pytest_plugins = ["tests.deploy_fixtures"]  # fixtures: trained_run, exported
@@ -70,7 +70,7 @@ def server(trained_run, tmp_path):
         [
             sys.executable,
             "-m",
-            "project",
+            PACKAGE,
             "serve",
             *map(str, args),
             "--max_upload_mb",

@@ -19,7 +19,10 @@ import pytest
 import tomllib
 import yaml
 
-from tests.conftest import ROOT
+from tests.conftest import PACKAGE, ROOT
+
+#: The project's distribution (pyproject.toml's name: what pip installs, `<name>.egg-info`).
+DISTRIBUTION = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["name"]
 
 VENV = Path(sys.prefix)  # the environment running the tests: ruff, pre-commit and the hooks' tools
 pytestmark = pytest.mark.skipif(
@@ -69,11 +72,11 @@ def test_make_clean_keeps_data_and_checkpoints_and_clean_all_removes_logs(tmp_pa
         "wandb/offline-run-2/run-2.wandb",
         ".pytest_cache/v/cache/lastfailed",
         ".ruff_cache/0.17/x",
-        "project/__pycache__/cli.cpython-311.pyc",
+        f"{PACKAGE}/__pycache__/cli.cpython-311.pyc",
         "notebooks/.ipynb_checkpoints/a-checkpoint.ipynb",
-        "build/lib/project/cli.py",
-        "dist/project-0.1.0.tar.gz",
-        "project.egg-info/PKG-INFO",
+        f"build/lib/{PACKAGE}/cli.py",
+        f"dist/{DISTRIBUTION}-0.1.0.tar.gz",
+        f"{DISTRIBUTION}.egg-info/PKG-INFO",
     ]
     fake_venv = tmp_path / "venv"
     for name in [*kept, *removed, "venv/bin/python"]:
@@ -323,7 +326,7 @@ def test_constraints_pin_exactly_what_is_installed():
     # pip, setuptools and wheel are pinned too (the installer and the project's build backend), but an
     # environment may carry other versions of them (a developer's upgraded pip).
     tools = ("pip", "setuptools", "wheel")
-    installed = {k: v for k, v in installed.items() if k not in (*tools, "project")}
+    installed = {k: v for k, v in installed.items() if k not in (*tools, _normalise(DISTRIBUTION))}
     assert installed == {k: v for k, v in _pins().items() if k not in tools}
 
 
@@ -346,7 +349,7 @@ def test_every_imported_package_is_declared():
                     elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
                         names.add(node.module.split(".")[0])
         found = set()
-        for name in names - set(sys.stdlib_module_names) - {"project", "tests", "benchmarks", "examples"}:
+        for name in names - set(sys.stdlib_module_names) - {PACKAGE, "tests", "benchmarks", "examples"}:
             if name not in distributions and _normalise(name) in extras:
                 found.add(_normalise(name))  # an extra that is not installed (`plots`: matplotlib)
                 continue
@@ -361,6 +364,6 @@ def test_every_imported_package_is_declared():
         if name != "dev"
         for d in deps
     }
-    assert imported("project") <= runtime | extras, imported("project") - runtime - extras
+    assert imported(PACKAGE) <= runtime | extras, imported(PACKAGE) - runtime - extras
     tested = imported("tests", "benchmarks")
     assert tested <= runtime | dev | extras, tested - runtime - dev - extras

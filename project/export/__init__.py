@@ -1,9 +1,17 @@
 """From checkpoint to deployment: export (ONNX, TorchScript), INT8 quantization report, ONNX batch inference.
 
-The tool commands `python -m project export|quantize|predict_onnx` live here; `serve` is in project.serve.
+The tool commands export, quantize and predict_onnx live here (COMMANDS); `serve` is in the serve package.
 """
 
 from project.export.preprocessing import Preprocessing, read_metadata
 from project.export.trained import TrainedModel, load_trained
 
 __all__ = ["Preprocessing", "TrainedModel", "load_trained", "read_metadata"]
+
+#: The commands this part adds (project.find_tools reads this literal without importing the package): name ->
+#: (".module:function" relative to this package, summary).
+COMMANDS = {
+    "export": (".model_export:main", "export a checkpoint to ONNX and/or TorchScript"),
+    "quantize": (".quantize:main", "INT8 quantization report: accuracy, latency, size"),
+    "predict_onnx": (".predict_onnx:main", "batched inference from an exported ONNX model"),
+}

@@ -23,6 +23,7 @@ from typing import Any
 
 from jsonargparse import Namespace
 
+from project import PACKAGE
 from project.atomic_files import atomic_write_text
 from project.errors import UserError
 from project.run.interrupts import STUDY_RUN_ENV
@@ -193,6 +194,17 @@ class Interrupted(SystemExit):
     one-line message has been printed. Not an `Exception`, so Optuna does not record the trial as failed."""
 
 
+def fit_command(fit_args: Sequence[str], root_dir: Path, resume: bool) -> list[str]:
+    """The command line of one fit of a study: this package's `fit` in this Python, `root_dir` its
+    trainer.default_root_dir, continuing the run there with `resume`."""
+    command = [sys.executable, "-m", PACKAGE, "fit", *map(str, fit_args)]
+    return command + [
+        "--trainer.default_root_dir",
+        str(root_dir),
+        *(["--ckpt_path", "last"] if resume else []),
+    ]
+
+
 def run_fit(
     fit_args: Sequence[str],
     root_dir: Path,
@@ -205,8 +217,7 @@ def run_fit(
     last` with `resume` (continues the run in that folder). Waits for it; FitFailed unless it finished.
     Ctrl-C (which reaches the fit too) or a SIGTERM to this process (forwarded to the fit): once the fit has
     saved its last.ckpt and stopped, one `error:` line naming `what` and `continue_hint`, and `Interrupted`."""
-    command = [sys.executable, "-m", "project", "fit", *map(str, fit_args)]
-    command += ["--trainer.default_root_dir", str(root_dir), *(["--ckpt_path", "last"] if resume else [])]
+    command = fit_command(fit_args, root_dir, resume)
     print(f"{what}: {shlex.join(['python', *command[1:]])}", flush=True)
     # Each fit its own W&B service: a child joining this process's (WANDB_SERVICE, set once wandb ran here)
     # would leave its run registered there if killed, and its resumed run, under the same id, be refused.
