@@ -1,4 +1,5 @@
-"""What the cv and tune tests share: tiny image folders, the flags that keep each fit to seconds, a kill switch.
+"""What the cv and tune tests share beyond tests/folder_fits.py (tiny image folders, fit flags): a study's running
+fit, a kill switch, a hold.
 
 `KillOnce` is a callback for a fit subprocess: it SIGKILLs its own process once (a marker file remembers), at
 the end of a chosen training epoch of the run whose folder contains `match`, e.g. fold 2 of a cv study.
@@ -18,16 +19,7 @@ import psutil
 from lightning.pytorch.callbacks import Callback
 
 from project.run.preemption import StopTogether
-from tests.conftest import CONFIGS, subprocess_env
-from tests.fakes import make_image_folder
-
-
-def tiny_folder(root: Path, per_class: int = 9, test: bool = False) -> Path:
-    """`root/train/<c0..c2>/*` (or `root/<class>` without `test`), plus `root/test` with `test`."""
-    make_image_folder(root / "train" if test else root, classes=3, per_class=per_class, extras=False)
-    if test:
-        make_image_folder(root / "test", classes=3, per_class=4, seed=1, extras=False)
-    return root
+from tests.conftest import subprocess_env
 
 
 def fit_with_checkpoint(study: subprocess.Popen, seconds: float = 240) -> tuple[psutil.Process, str]:
@@ -48,19 +40,6 @@ def fit_with_checkpoint(study: subprocess.Popen, seconds: float = 240) -> tuple[
                     return child, folder
         time.sleep(0.1)
     raise AssertionError("no fit of the study reached its first checkpoint")
-
-
-def tiny_fit_args(data: Path, root: Path, *extra: object) -> list[str]:
-    """`fit` flags for configs/folder.yaml that train a 4-channel SimpleCNN on 16-pixel images in seconds."""
-    args = [
-        "--config", CONFIGS / "folder.yaml", "--data.root", data, "--data.cache_dir", root / "cache",
-        "--model.net", "SimpleCNN", "--model.net.init_args.width", "4", "--model.net.init_args.hidden", "16",
-        "--data.image_size", "16", "--data.batch_size", "8", "--data.num_workers", "0",
-        "--trainer.accelerator", "cpu", "--trainer.precision", "32-true", "--trainer.max_epochs", "2",
-        "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false",
-        "--trainer.default_root_dir", root / "logs", *extra,
-    ]  # fmt: skip
-    return [str(a) for a in args]
 
 
 class KillOnce(Callback):
@@ -118,5 +97,5 @@ def holding_env() -> dict[str, str]:
 
 def held(args: list[str], marker: Path) -> list[str]:
     """The study's arguments plus `HoldUntilStopped` (which holds only where `HOLD_ENV` is set)."""
-    hold = {"class_path": "tests.study_runs.HoldUntilStopped", "init_args": {"marker": str(marker)}}
+    hold = {"class_path": f"{__name__}.HoldUntilStopped", "init_args": {"marker": str(marker)}}
     return [*args, f"--trainer.callbacks+={json.dumps(hold)}"]

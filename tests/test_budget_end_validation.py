@@ -16,7 +16,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from project.callbacks.budget_end_validation import BudgetEndValidation
 from project.cli import main
-from tests.study_runs import tiny_fit_args, tiny_folder
+from tests.folder_fits import tiny_fit_args, tiny_folder
 
 
 class Tiny(L.LightningModule):

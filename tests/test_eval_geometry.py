@@ -14,7 +14,7 @@ from project.data.images import decode_image, list_images
 from project.export.model_export import export
 from project.export.quantize import quantize
 from project.export.trained import load_trained
-from tests.study_runs import tiny_fit_args, tiny_folder
+from tests.folder_fits import tiny_fit_args, tiny_folder
 
 GEOMETRY = ["--data.cache_size", "24", "--data.crop_scale", "[0.5, 1.0]", "--data.eval_crop", "0.75"]
 

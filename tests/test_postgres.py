@@ -19,7 +19,8 @@ import pytest
 from optuna.trial import TrialState
 
 from tests.conftest import ROOT, subprocess_env
-from tests.study_runs import fit_with_checkpoint, held, holding_env, tiny_fit_args, tiny_folder
+from tests.folder_fits import tiny_fit_args, tiny_folder
+from tests.study_runs import fit_with_checkpoint, held, holding_env
 
 PORT = int(os.environ.get("PGTEST_PORT", "54329"))
 PASSWORD = os.environ.get("PGTEST_PASSWORD", "tuner-test-password")

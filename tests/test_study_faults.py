@@ -26,7 +26,8 @@ from project.studies.runner import claim_folder
 from project.studies.storage import check_url, lost
 from project.studies.tune import _optuna_says_one_line
 from tests.conftest import ROOT, subprocess_env
-from tests.study_runs import fit_with_checkpoint, held, holding_env, tiny_fit_args, tiny_folder
+from tests.folder_fits import tiny_fit_args, tiny_folder
+from tests.study_runs import fit_with_checkpoint, held, holding_env
 
 PASSWORD = "hunter2-s3cret"
 LR = "model.optimizer.init_args.lr: {type: float, low: 1.0e-3, high: 1.0e-2, log: true}\n"

@@ -27,7 +27,7 @@ from project.studies.trial_pruning import PRUNED_ATTR, STORAGE_ENV, TrialPruning
 from project.studies.tune import parse_args
 from project.studies.tune_results import write_study
 from tests.conftest import CONFIGS, ROOT, run_cli, subprocess_env
-from tests.study_runs import tiny_fit_args, tiny_folder
+from tests.folder_fits import tiny_fit_args, tiny_folder
 
 GOOD = "model.optimizer.init_args.lr: {type: float, low: 1.0e-4, high: 1.0e-1, log: true}\n"
 
