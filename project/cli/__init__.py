@@ -179,6 +179,9 @@ class ProjectCLI(LightningCLIWithTrainerHook):
         message is a wall of keys, after the data is loaded)."""
         resume_garbage_collection()
         if self.plan.ckpt_shapes is not None:
+            from project.run.data_identity import check_checkpoint_file  # (a command from a checkpoint)
+
+            check_checkpoint_file(self.model, str(self.plan.ckpt_path), self.subcommand == "fit")
             check_fits(self.model, self.plan.ckpt_shapes, source=f"checkpoint {self.plan.ckpt_path}")
 
     def before_fit(self) -> None:

@@ -61,6 +61,9 @@ class ImageTask(L.LightningModule):
             `max-autotune` (longest compile, fastest kernels).
         float32_matmul_precision: `torch.set_float32_matmul_precision` for fp32 matmuls/convs: `high` lets
             Ampere+ GPUs use TF32 at negligible accuracy cost; no effect on CPU.
+        init_from: Start a new fit from the network weights of this checkpoint (another run's `.ckpt`), e.g.
+            to fine-tune it onto other classes: every tensor but the output layer's, which starts new when
+            the classes differ. Optimizer, schedule and step start afresh; `--ckpt_path` continues a run.
     """
 
     #: The validation metric that picks the best checkpoint (the default of `checkpoint.monitor`, of `cv`'s
@@ -91,6 +94,7 @@ class ImageTask(L.LightningModule):
         compile: bool = False,
         compile_mode: Literal["default", "reduce-overhead", "max-autotune"] | None = None,
         float32_matmul_precision: Literal["highest", "high", "medium"] | None = None,
+        init_from: str | None = None,
     ) -> None:
         super().__init__()
         name = type(self).__name__
@@ -156,6 +160,10 @@ class ImageTask(L.LightningModule):
     def setup(self, stage: str) -> None:
         # Speed switches are applied here, once per process, before the strategy wraps the module.
         hp = self.hparams
+        if stage == "fit" and hp.get("init_from"):  # before any reshaping; a resumed run's checkpoint wins
+            from project.run.init_from import load_matching_weights  # (only runs that use it import it)
+
+            load_matching_weights(self, hp["init_from"])
         if hp["float32_matmul_precision"] is not None:
             torch.set_float32_matmul_precision(hp["float32_matmul_precision"])
         if hp["channels_last"]:
@@ -223,8 +231,25 @@ class ImageTask(L.LightningModule):
         best = self.val_best.compute() if self.val_best.update_count else None
         checkpoint["monitor_best"] = {"monitor": self.monitor, "value": best}
         checkpoint["task"] = self.output_spec()
+        # What the outputs were trained on: a command that starts from the checkpoint checks its data against
+        # it (project.run.data_identity).
+        source = getattr(self._trainer, "datamodule", None)
+        checkpoint["data_identity"] = {
+            "kind": "tags" if self.multilabel else "classes",
+            "names": list(self.class_names),
+            "source": type(source).__name__ if source is not None else None,
+        }
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        if (
+            self._trainer is not None
+        ):  # (load_from_checkpoint builds the task from the checkpoint's own names)
+            from project.run.averaged_resume import reconcile_weight_average
+            from project.run.data_identity import check_same_names, recorded_names
+
+            fitting = self._trainer.state.fn == "fit"
+            check_same_names(recorded_names(checkpoint), self.class_names, self._trainer.ckpt_path, fitting)
+            reconcile_weight_average(self._trainer, checkpoint)
         best = checkpoint.get("monitor_best") or {}
         if best.get("value") is not None and best.get("monitor") == self.monitor:
             self.val_best.reset()
