@@ -1,0 +1,79 @@
+"""A copy of the repository's files to change (rename the package, delete a part) and run, and the parts list.
+
+The copy holds what git would: the tracked files and the new ones not ignored, as they are in the working tree
+(no caches, logs, data or virtual environment). It is run with PYTHONPATH pointing at it, with no install.
+"""
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from tests.conftest import ROOT
+
+#: The optional parts: name -> {"summary", "commands", "files"} (parts.yaml says what each field means).
+PARTS: dict[str, dict] = yaml.safe_load((ROOT / "parts.yaml").read_text())
+
+
+def repository_files() -> list[str]:
+    """The repository's files as git sees them (tracked, and new ones not ignored), relative to the root."""
+    listed = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
+        cwd=ROOT, capture_output=True, text=True, check=True,
+    ).stdout.split("\0")  # fmt: skip
+    return sorted(name for name in set(listed) if name and (ROOT / name).is_file())
+
+
+def copy_repository(destination: Path) -> Path:
+    """The repository's files copied under `destination`, which is returned."""
+    for name in repository_files():
+        (destination / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / name, destination / name)
+    return destination
+
+
+def glob_pattern(pattern: str) -> re.Pattern[str]:
+    """A parts.yaml glob as a regular expression over `/`-separated paths: `**` any depth, `*` and `?` within
+    one name."""
+    regex = re.sub(
+        r"\*\*|\*|\?|[^*?]+",
+        lambda m: {"**": ".*", "*": "[^/]*", "?": "[^/]"}.get(m.group(0), re.escape(m.group(0))),
+        pattern,
+    )
+    return re.compile(regex)
+
+
+def part_files(part: str, files: list[str]) -> list[str]:
+    """Those of `files` (relative paths) that belong to `part`."""
+    patterns = [glob_pattern(p) for p in PARTS[part]["files"]]
+    return [name for name in files if any(p.fullmatch(name) for p in patterns)]
+
+
+def delete_part(part: str, copy: Path) -> list[str]:
+    """Deletes the files of `part` from `copy` (and the folders left empty); returns them."""
+    files = [str(p.relative_to(copy)) for p in copy.rglob("*") if p.is_file()]
+    doomed = part_files(part, files)
+    for name in doomed:
+        (copy / name).unlink()
+    for folder in sorted({(copy / name).parent for name in doomed}, key=lambda p: -len(p.parts)):
+        while folder != copy and folder.is_dir() and not any(folder.iterdir()):
+            folder.rmdir()
+            folder = folder.parent
+    return doomed
+
+
+def run_in(
+    copy: Path, *args: object, shadow: Path | None = None, timeout: int = 600
+) -> subprocess.CompletedProcess:
+    """`python <args>` run in `copy`, importing from it; the folder `shadow`, if given, comes first on the path."""
+    environment = {**os.environ, "COLUMNS": "200"}
+    environment["PYTHONPATH"] = os.pathsep.join(str(p) for p in (shadow, copy) if p)
+    environment.pop("WANDB_SERVICE", None)
+    return subprocess.run(
+        [sys.executable, *map(str, args)], cwd=copy, env=environment, capture_output=True, text=True,
+        timeout=timeout,
+    )  # fmt: skip
