@@ -7,6 +7,7 @@ import warnings
 
 SRUN_HINT = r"The `srun` command is available on your system but is not used"
 CKPT_CALLBACKS_NOTICE = r"Be aware that when using `ckpt_path`, callbacks used to create the checkpoint"
+SHORT_EPOCH_NOTICE = r"The number of training batches \(\d+\) is smaller than the logging interval"
 
 
 def quiet_lightning_notices() -> None:
@@ -19,6 +20,9 @@ def quiet_lightning_notices() -> None:
     # The template gives every run the callbacks its checkpoints need (fit) or none that keep state (validate,
     # test, predict), so Lightning's reminder to provide them is noise on every --ckpt_path.
     warnings.filterwarnings("ignore", message=CKPT_CALLBACKS_NOTICE)
+    # A task logs its training metrics once per epoch (the epoch's means), whatever log_every_n_steps says: an
+    # epoch shorter than that interval loses none of them.
+    warnings.filterwarnings("ignore", message=SHORT_EPOCH_NOTICE)
     notices = logging.getLogger("lightning.pytorch.utilities.rank_zero")
     if not any(isinstance(f, _NoAbsentDevices) for f in notices.filters):
         notices.addFilter(_NoAbsentDevices())
