@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 from jsonargparse import ActionConfigFile, ArgumentParser, Namespace  # pyright: ignore[reportPrivateImportUsage]  # exported, not in __all__
 from lightning.pytorch import Trainer
-from lightning.pytorch.callbacks import LearningRateMonitor, RichModelSummary, RichProgressBar
+from lightning.pytorch.callbacks import LearningRateMonitor, RichProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from project import models
@@ -29,6 +29,7 @@ from project.callbacks import (
     WandbDashboard,
     import_named,
 )
+from project.cli.trainer_callbacks import NetworkSummary
 from project.data import ImageDataModule
 from project.errors import UserError, find_user_error
 from project.lit import ImageClassifier, ImageTask
@@ -65,7 +66,7 @@ def add_project_arguments(parser: LightningArgumentParser) -> None:
     parser.set_defaults({"checkpoint.save_last": True})
     parser.add_lightning_class_args(LearningRateMonitor, "lr_monitor")
     parser.add_lightning_class_args(RichProgressBar, "progress_bar")
-    parser.add_lightning_class_args(RichModelSummary, "model_summary")
+    parser.add_lightning_class_args(NetworkSummary, "model_summary")
     parser.set_defaults({"model_summary.max_depth": 2})
     parser.add_lightning_class_args(PredictionWriter, "prediction_writer")
     # Cheap training diagnostics and the W&B dashboard (README "Training diagnostics").
