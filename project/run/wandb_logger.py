@@ -19,6 +19,7 @@ import socket
 import string
 import sys
 import threading
+from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlparse
 
@@ -74,7 +75,9 @@ class WandbLogger(loggers.WandbLogger):
         extra = {"entity": entity, "group": group, "tags": tags, "notes": notes, "job_type": job_type}
         extra = {key: value for key, value in extra.items() if value is not None}
         # Quiet: wandb's own start-up lines and closing history table say nothing the progress bar doesn't.
-        extra = {**extra, "settings": {"quiet": True}} | (init_kwargs or {})
+        # Offline, silent too: its three-line banner gives way to one line of ours saying where the run is.
+        settings = {"quiet": True} | ({"silent": True} if logs_offline(offline) else {})
+        extra = {**extra, "settings": settings} | (init_kwargs or {})
         super().__init__(
             name=name,
             save_dir=save_dir,
@@ -104,9 +107,13 @@ class WandbLogger(loggers.WandbLogger):
     def _init_run(self) -> None:
         try:
             with redacted_argv():  # wandb records the command line in the run's metadata
-                loggers.WandbLogger.experiment.fget(self)
+                run = loggers.WandbLogger.experiment.fget(self)
         except BaseException as e:  # raised where the run is first needed, in the main thread
             self._start_error = e
+            return
+        if getattr(run, "offline", False):
+            where = shown_path(run.sync_dir)
+            print(f"W&B run {self.version} logged offline; to upload it: wandb sync {where}")
 
     def _wait(self) -> None:
         if self._ready:
@@ -157,6 +164,17 @@ class _RunWhenReady:
     def __getattr__(self, name: str) -> Any:
         self._logger._wait()
         return getattr(self._logger.experiment, name)
+
+
+def logs_offline(offline: bool) -> bool:
+    """Whether a WandbLogger built with `offline` writes its run to disk only (WANDB_MODE may say so too)."""
+    return offline or os.environ.get("WANDB_MODE", "").lower() in ("offline", "dryrun")
+
+
+def shown_path(path: str) -> str:
+    """`path` as a user reads it: relative to the working directory where it lies under it."""
+    absolute = Path(path).resolve()
+    return str(absolute.relative_to(Path.cwd())) if absolute.is_relative_to(Path.cwd()) else str(absolute)
 
 
 def finish_runs(exit_code: int) -> None:
