@@ -12,7 +12,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from lightning.pytorch.utilities import rank_zero_warn
 from torch.utils.data import Dataset
 from torchvision.transforms import v2
 
@@ -267,7 +266,11 @@ class ImageFilesDataModule(KFoldMixin, ImageDataModule):
             if self.has_split("test"):
                 self.test_set = self._dataset("test")
             else:
-                rank_zero_warn("The data has no test split: testing on the validation split.")
+                warn(
+                    "the data has no test split: testing on the validation split, which chose the best "
+                    "checkpoint; for a held-out score give it a test split (root/test/<class>/ beside "
+                    "root/train/, or data.test_csv)"
+                )
                 self.test_set = self.val_set
         if stage == "predict" and self.predict_set is None:
             files = readable_files(self.predict_files(), self.max_image_pixels, self.skip_corrupt)
