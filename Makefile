@@ -6,8 +6,8 @@ CONFIG ?= configs/cifar10.yaml
 ARGS ?=
 # The pinned versions (constraints.txt) are the tested ones, each with the sha256 of its file: pip installs them
 # with --require-hashes, so a release replaced on the index after it was pinned is refused. `make install
-# CONSTRAINTS=` installs from the version ranges in pyproject.toml instead, unhashed (what CI does on the Python
-# versions the pins were not made on).
+# CONSTRAINTS=` installs from the version ranges in pyproject.toml instead, unhashed (a Python or platform the
+# lock does not cover).
 CONSTRAINTS ?= constraints.txt
 # The optional dependencies installed with the project (the pins cover all of them).
 EXTRAS ?= dev,postgres,streaming
@@ -26,6 +26,9 @@ help: ## List the targets
 # pip itself is installed first, alone: the pip a new venv bundles (23.2) refuses a dependency's extra, such as
 # litserve's uvicorn[standard], in --require-hashes mode once the index has a release newer than the pin.
 $(VENV)/.installed: pyproject.toml constraints.txt
+ifneq ($(CONSTRAINTS),)
+	@$(PYTHON) -c "$$CHECK_LOCKED_PLATFORM"
+endif
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 ifneq ($(CONSTRAINTS),)
 	awk '/^pip==/{p=1} p{print; if ($$0 !~ /\\$$/) exit}' $(CONSTRAINTS) > $(VENV)/pip-pin.txt
@@ -39,39 +42,49 @@ else
 endif
 	touch $@
 
+# The lock covers the CPython versions requires-python admits on Linux x86-64 and aarch64 and macOS arm64
+# (what CI and its test check); anywhere else pip would fail on a hash or a missing wheel after minutes, so
+# the install stops first with one line saying what to do.
+define CHECK_LOCKED_PLATFORM
+import platform, re, sys
+low, high = re.search(r'requires-python = ">=([0-9.]+),<([0-9.]+)"', open("pyproject.toml").read()).groups()
+python = f"{platform.python_implementation()} {sys.version_info[0]}.{sys.version_info[1]}"
+system, machine = platform.system(), platform.machine().lower()
+versions = [tuple(int(n) for n in v.split(".")) for v in (low, high)]
+covered = versions[0] <= sys.version_info[:2] < versions[1] and python.startswith("CPython")
+covered = covered and (system, machine) in {("Linux", "x86_64"), ("Linux", "aarch64"), ("Darwin", "arm64")}
+if not covered:
+    sys.exit(
+        f"error: constraints.txt pins CPython >={low},<{high} on Linux x86-64/aarch64 and macOS arm64, not "
+        f"{python} on {system} {machine}: choose a covered interpreter (make install PYTHON=python3.12), or "
+        "install pyproject.toml's version ranges without hashes (make install CONSTRAINTS=)"
+    )
+endef
+export CHECK_LOCKED_PLATFORM
+
 install: $(VENV)/.installed ## Create .venv and install the project with the pinned, hashed versions (constraints.txt)
 
-# What is pinned keeps its version (the old pins constrain the fresh install); what is new comes at its newest
-# compatible version. The hashes are those of the files pip picks for this platform (CPython 3.11, linux
-# x86_64), read from the index by pip's installation report (--dry-run: nothing is installed twice).
-CV := build/constraints-venv
-constraints: ## Re-pin constraints.txt (versions and sha256s) from a fresh venv, after changing pyproject.toml
-	rm -rf $(CV) && $(PYTHON) -m venv $(CV)
-	sed -e '/^#/d' -e '/^ *--hash=/d' -e 's/ *\\$$//' constraints.txt > build/pins.txt
-	$(CV)/bin/python -m pip install -q -c build/pins.txt --upgrade pip setuptools wheel
-	$(CV)/bin/python -m pip install -q -c build/pins.txt -e '.[$(EXTRAS)]'
-	$(CV)/bin/python -m pip freeze --all --exclude-editable > build/frozen.txt
-	$(CV)/bin/python -m pip install -q --dry-run --ignore-installed --no-deps -r build/frozen.txt \
-		--report build/report.json
-	{ grep '^#' constraints.txt; $(CV)/bin/python -c "$$HASHED_PINS" build/report.json; } > build/constraints.txt
-	mv build/constraints.txt constraints.txt && rm -rf $(CV) build/pins.txt build/frozen.txt build/report.json
-
-# `name==version \` then `    --hash=sha256:...` per package (pip-compile's layout), sorted by name. A file
-# from a local folder or index without a hash in its link is hashed here.
-define HASHED_PINS
-import hashlib, json, sys, urllib.parse, urllib.request
-pins = []
-for item in json.load(open(sys.argv[1]))["install"]:
-    meta, info = item["metadata"], item["download_info"]
-    digest = info.get("archive_info", {}).get("hashes", {}).get("sha256")
-    if digest is None:
-        path = urllib.request.url2pathname(urllib.parse.urlparse(info["url"]).path)
-        digest = hashlib.sha256(open(path, "rb").read()).hexdigest()
-    pins.append((meta["name"], meta["version"], digest))
-for name, version, digest in sorted(pins, key=lambda pin: pin[0].lower()):
-    print(f"{name}=={version} \\\n    --hash=sha256:{digest}")
-endef
-export HASHED_PINS
+# One universal lock for every Python that pyproject.toml's requires-python admits, on every platform: uv
+# resolves for the other Pythons without their interpreters (forking a pin by environment marker where a
+# package dropped an old Python), and pip installs the result. Every pin carries the sha256 of each of its
+# files. Two passes: the first keeps what is pinned where it still fits (uv prefers the versions of its output
+# file) and brings what is new at its newest compatible version; the second hashes those versions afresh, so
+# no hash of an earlier lock is carried over. uv is a tool of this target only, in its own venv.
+UV_VENV := build/uv-venv
+LOWEST_PYTHON = $(shell sed -n 's/^requires-python = ">=\([0-9.]*\).*/\1/p' pyproject.toml)
+UV_COMPILE = $(UV_VENV)/bin/uv pip compile pyproject.toml build/tools.in $(foreach e,$(subst $(comma), ,$(EXTRAS)),--extra $(e)) \
+	--universal --python-version $(LOWEST_PYTHON) --generate-hashes --no-header --no-annotate --quiet
+comma := ,
+constraints: ## Re-pin constraints.txt (versions and sha256s, every supported Python) after changing pyproject.toml
+	test -x $(UV_VENV)/bin/uv || { $(PYTHON) -m venv $(UV_VENV) && $(UV_VENV)/bin/python -m pip install -q uv; }
+	mkdir -p build && printf 'pip\nsetuptools\nwheel\n' > build/tools.in
+	cp constraints.txt build/preferred.txt
+	$(UV_COMPILE) -o build/preferred.txt
+	sed -e '/^#/d' -e '/^ *--hash=/d' -e 's/ *\\$$//' build/preferred.txt > build/versions.txt
+	rm -f build/hashed.txt && $(UV_COMPILE) -c build/versions.txt -o build/hashed.txt
+	{ grep '^#' constraints.txt; cat build/hashed.txt; } > build/constraints.txt
+	mv build/constraints.txt constraints.txt
+	rm -f build/tools.in build/preferred.txt build/versions.txt build/hashed.txt
 
 train: install ## Train: python -m project fit --config $(CONFIG) $(ARGS)
 	$(PY) -m project fit --config $(CONFIG) $(ARGS)

@@ -254,39 +254,39 @@ def test_every_extra_the_readme_installs_is_declared():
     assert {"plots", "streaming", "postgres"} <= {e for n in named for e in n.split(",")} <= set(extras)
 
 
-def test_ci_workflow_runs_the_readme_test_command_on_python_310_to_312():
+def test_ci_workflow_runs_the_readme_test_command_on_every_supported_python():
+    from tests.test_lock import supported_pythons
+
     workflow = yaml.safe_load((ROOT / ".github/workflows/ci.yml").read_text())
     triggers = workflow.get("on", workflow.get(True))  # YAML 1.1 reads a bare `on` as True
     assert {"push", "pull_request"} <= set(triggers)
     test = workflow["jobs"]["test"]
-    assert test["strategy"]["matrix"]["python"] == ["3.10", "3.11", "3.12"]
+    assert test["strategy"]["matrix"]["python"] == supported_pythons()
     setup = next(s for s in test["steps"] if s.get("uses", "").startswith("actions/setup-python"))
     assert setup["with"]["python-version"] == "${{ matrix.python }}" and setup["with"]["cache"] == "pip"
     assert "constraints.txt" in setup["with"]["cache-dependency-path"]
     readme_test = re.search(r"^(make test-all)\b", (ROOT / "README.md").read_text(), re.M).group(1)
     runs = [s["run"] for s in test["steps"] if "run" in s]
-    assert any(run.startswith(readme_test + " ") for run in runs)
+    assert any(run.startswith(readme_test + " ") and "CONSTRAINTS" not in run for run in runs)  # the pins
     assert any(s.get("run", "").startswith("make lint") for s in workflow["jobs"]["lint"]["steps"])
 
 
-def _pin_lines() -> list[str]:
-    """constraints.txt's requirements, one line each: `name==version --hash=sha256:...` (continuations joined)."""
-    text = (ROOT / "constraints.txt").read_text().replace("\\\n", " ")
-    return [line for line in text.splitlines() if line.strip() and not line.startswith("#")]
-
-
 def _pins() -> dict[str, str]:
-    pairs = (line.split()[0].split("==") for line in _pin_lines())
-    return {_normalise(name): version for name, version in pairs}
+    """constraints.txt's pins for this interpreter and platform (the lock's markers evaluated here)."""
+    from packaging.markers import default_environment
+
+    from tests.test_lock import pins_for
+
+    return {name: version for name, (version, _) in pins_for(dict(default_environment())).items()}
 
 
 def test_every_pin_has_a_sha256():
     """pip's --require-hashes refuses the whole install if one requirement lacks a hash: each pin is exact and
     carries the sha256 of at least one file."""
+    from tests.test_lock import lock
+
     bad = [
-        line
-        for line in _pin_lines()
-        if not re.fullmatch(r"[A-Za-z0-9_.-]+==[^\s=]+( --hash=sha256:[0-9a-f]{64})+", " ".join(line.split()))
+        str(r) for r, hashes in lock() if not hashes or len(r.specifier) != 1 or "==" not in str(r.specifier)
     ]
     assert bad == []
     assert {"torch", "torchvision", "lightning", "timm", "pyright", "psycopg"} <= set(_pins())
@@ -315,10 +315,8 @@ def _normalise(name: str) -> str:
 
 
 def test_constraints_pin_exactly_what_is_installed():
-    """constraints.txt is `pip freeze` of `make install`: nothing pinned that is not installed, nothing
-    installed that is not pinned (the pins are resolved on Python 3.11; CI installs the ranges elsewhere)."""
-    if sys.version_info[:2] != (3, 11):
-        pytest.skip("the pins are resolved on Python 3.11; other Pythons install pyproject.toml's ranges")
+    """constraints.txt is `pip freeze` of `make install`: nothing pinned for this Python and platform that is
+    not installed, nothing installed that is not pinned."""
     # Only what pip installed into the environment: once imported, setuptools puts its vendored packages
     # (jaraco.*, an older packaging, ...) on sys.path, and metadata.distributions() would list them too.
     site = sorted({sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]})
