@@ -162,18 +162,30 @@ def one_line_error(args: list[str], capsys) -> str:
 def test_missing_foreign_or_interrupted_input_dir_is_one_line(prepared, tmp_path, capsys):
     missing = tmp_path / "nowhere"
     assert f"data.input_dir {missing} does not exist" in one_line_error(fit_args(missing, tmp_path), capsys)
-    foreign = make_image_folder(tmp_path / "foreign", classes=2, per_class=1, extras=False)
-    err = one_line_error(fit_args(foreign, tmp_path), capsys)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    err = one_line_error(fit_args(empty, tmp_path), capsys)
     assert f"has no {METADATA}: not a dataset made by `python -m project prepare`" in err
-    interrupted = tmp_path / "interrupted"  # the splits written, the metadata not yet
+    # An image tree: the message names a prepare FROM it INTO a new folder, never into the tree itself.
+    images = make_image_folder(tmp_path / "images", classes=2, per_class=6, extras=False)
+    err = one_line_error(fit_args(images, tmp_path), capsys)
+    new = tmp_path / "images_prepared"
+    assert f"data.input_dir {images} holds image files, not a dataset" in err
+    assert f"--data.root {images} --output_dir {new}, then fit with --data.input_dir {new}" in err
+    sources = sorted(p for p in images.rglob("*") if p.is_file())
+    main(prepare_args(images, new))  # the command it names, as the test's other prepares run it
+    assert json.loads((new / METADATA).read_text())["splits"] == {"train": 10, "val": 2}
+    assert sorted(p for p in images.rglob("*") if p.is_file()) == sources
+    interrupted = tmp_path / "interrupted"  # litdata's splits, no metadata: not a folder prepare now leaves
     (interrupted / "train").mkdir(parents=True)
     for name in ("index.json", "chunk-0-0.bin"):
         (interrupted / "train" / name).write_bytes((prepared / "train" / name).read_bytes())
     err = one_line_error(fit_args(interrupted, tmp_path), capsys)
-    assert "an interrupted prepare" in err and f"--output_dir {interrupted}" in err
-    # What the message says to do: prepare again into the same folder, no --overwrite needed, replaces the splits.
-    main(prepare_args(prepared.parent / "images", interrupted))
-    assert json.loads((interrupted / METADATA).read_text())["splits"] == {"train": 10, "val": 2}
+    assert "litdata chunks without the metadata prepare writes last" in err
+    assert f"--output_dir {tmp_path / 'interrupted_prepared'})" in err
+    err = one_line_error(prepare_args(prepared.parent / "images", interrupted), capsys)
+    assert "is not empty and holds no dataset made by prepare" in err  # not ours to replace
+    assert (interrupted / "train" / "chunk-0-0.bin").is_file()
 
 
 @pytest.mark.parametrize("workers", [0, 1])
