@@ -10,6 +10,7 @@ import os
 from pathlib import Path
 
 from project.data.images import IMAGE_EXTENSIONS
+from project.data.label_checks import shown
 from project.errors import UserError
 
 
@@ -25,7 +26,7 @@ def read_csv(path: Path) -> tuple[list[str], list[tuple[int, list[str]]], str]:
             f"{path} row {row} is not UTF-8 text (bytes {data[e.start : e.start + 4]!r}): save the CSV as UTF-8 "
             '("CSV UTF-8" in a spreadsheet)'
         ) from None
-    records = [(n, [c.strip() for c in cells]) for n, cells in enumerate(csv.reader(io.StringIO(text)), 1)]
+    records = _records(path, text)
     records = [(n, cells) for n, cells in records if any(cells)]
     if len(records) < 2:
         raise UserError(
@@ -33,6 +34,26 @@ def read_csv(path: Path) -> tuple[list[str], list[tuple[int, list[str]]], str]:
             "then one row per image"
         )
     return records[0][1], records[1:], hashlib.sha256(data).hexdigest()[:16]
+
+
+def _records(path: Path, text: str) -> list[tuple[int, list[str]]]:
+    """(row number, stripped cells) of every row of `text`; a UserError naming the row csv cannot read."""
+    reader = csv.reader(io.StringIO(text))
+    records: list[tuple[int, list[str]]] = []
+    try:
+        for cells in reader:
+            records.append((len(records) + 1, [c.strip() for c in cells]))
+    except csv.Error as e:
+        row = len(records) + 1
+        lines = text.splitlines()
+        line = lines[reader.line_num - 1] if 0 < reader.line_num <= len(lines) else ""
+        if "field larger than field limit" in str(e):
+            raise UserError(
+                f"{path} row {row}: a cell is longer than {csv.field_size_limit():,} characters (the line starts "
+                f'{shown(line)}), more than any path or label; is a quote (") left open above it?'
+            ) from None
+        raise UserError(f"{path} row {row}: not a CSV row ({e}): {shown(line)}") from None
+    return records
 
 
 class FileFinder:

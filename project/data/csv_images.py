@@ -3,16 +3,21 @@
 What a row's labels mean is here; reading the CSV and finding the files it names is project.data.csv_files.
 """
 
+import re
 from pathlib import Path
 from typing import Any
 
 from project.data.csv_files import FileFinder, cell, column, existing_file, read_csv
 from project.data.image_files import ImageFilesDataModule
 from project.data.images import Label, LabelledFiles
-from project.errors import UserError, warn
+from project.data.label_checks import data_warning, nfc, shown
+from project.errors import UserError
 
 #: The values of a label column (`label_columns`) that say an image has, or has not, its tag.
 ONE, ZERO = {"1", "1.0"}, {"0", "0.0"}
+
+#: Characters that often separate tags: one inside a tag suggests the tags were split at the wrong one.
+TAG_SEPARATORS = ",;|"
 
 
 class ImageCSVDataModule(ImageFilesDataModule):
@@ -73,8 +78,17 @@ class ImageCSVDataModule(ImageFilesDataModule):
             raise UserError(
                 "give data.label_column (one column of labels) or data.label_columns (0/1 columns), not both"
             )
-        if label_columns is not None and not label_columns:
-            raise UserError("data.label_columns is empty: name the 0/1 columns, one per tag")
+        if label_columns is not None and len(label_columns) < 2:
+            raise UserError(
+                f"data.label_columns names {len(label_columns)} column(s) ({', '.join(label_columns)}): a "
+                "multi-label model needs at least two tags, one 0/1 column each; for one tag, give each image one "
+                "of two labels in a label column and use configs/csv.yaml"
+            )
+        if label_separator == "":
+            raise UserError(
+                "data.label_separator is empty: give the text between tags (such as ';'), or leave it unset to "
+                "split tags at whitespace"
+            )
         self.path_column, self.label_column, self.label_columns = path_column, label_column, label_columns
         self._multilabel = multilabel or label_columns is not None
         self.label_separator = label_separator
@@ -90,6 +104,7 @@ class ImageCSVDataModule(ImageFilesDataModule):
             return None
         path = self.csvs[split]
         header, rows, digest = read_csv(path)
+        self._forms: dict[str, set[str]] = {}  # a non-ASCII name (NFC) -> the ways the CSV writes it
         path_at = column(path, header, self.path_column, 0, "data.path_column")
         if self.label_columns is not None:
             label_at = [column(path, header, name, None, "data.label_columns") for name in self.label_columns]
@@ -109,7 +124,7 @@ class ImageCSVDataModule(ImageFilesDataModule):
                 continue
             if isinstance(found, list):
                 raise UserError(
-                    f"{path} row {row}: {value!r} matches {len(found)} images ({', '.join(found)}); give the extension"
+                    f"{path} row {row}: {shown(value)} matches {len(found)} images ({', '.join(found)}); give the extension"
                 )
             file, stamp = found
             label = self._label(path, header, row, cells, label_at)
@@ -127,20 +142,34 @@ class ImageCSVDataModule(ImageFilesDataModule):
             stamps.append(stamp)
             written.append(label)
             row_numbers.append(row)
+        if split == "train" and self.label_columns is None:
+            self._check_label_shape(path, row_numbers, written)
+        if empty := [row for row, label in zip(row_numbers, written, strict=True) if label == ""]:
+            more = f" (and {len(empty) - 1} more row(s))" if len(empty) > 1 else ""
+            raise UserError(
+                f"{path} row {empty[0]}: the label in column {header[label_at[0]]!r} is empty{more}: give every "
+                "row a label (a multi-label CSV, where a row may have no tag, takes configs/csv_multilabel.yaml)"
+            )
+        if written_twice := [forms for forms in self._forms.values() if len(forms) > 1]:
+            forms = sorted(written_twice[0])
+            data_warning(
+                f"{path} writes the label {shown(nfc(forms[0]))} in {len(forms)} Unicode forms (as "
+                f"{' and '.join(map(ascii, forms))}), which print alike: they are read as one"
+            )
         if missing:
             row, value = missing[0]
             more = f" (and {len(missing) - 1} more row(s))" if len(missing) > 1 else ""
             raise UserError(
-                f"{path} row {row}: no image {value!r} in {self.images}{more}; data.images is the folder the "
+                f"{path} row {row}: no image {shown(value)} in {self.images}{more}; data.images is the folder the "
                 "paths are relative to"
             )
         if repeated:  # a repeated row would weigh its image twice, or put it in training and validation both
-            shown = ", ".join(map(str, repeated[:5])) + (" ..." if len(repeated) > 5 else "")
-            warn(
-                f"{path} row(s) {shown} repeat an image listed before with the same label; each image counts once"
+            rows_shown = ", ".join(map(str, repeated[:5])) + (" ..." if len(repeated) > 5 else "")
+            data_warning(
+                f"{path} row(s) {rows_shown} repeat an image listed before with the same label; each image counts once"
             )
         if split == "train":
-            classes = self._classes(path, written)
+            classes = self._classes(path, header[label_at[0]], row_numbers, written)
         else:
             classes = self.class_names
             self._warn_overlap(path, files, row_numbers)
@@ -158,28 +187,84 @@ class ImageCSVDataModule(ImageFilesDataModule):
             for name, value in zip(self.label_columns, values, strict=True):
                 if value not in ONE | ZERO:
                     raise UserError(
-                        f"{path} row {row}: column {name!r} holds {value!r}; label_columns hold 0 or 1"
+                        f"{path} row {row}: column {name!r} holds {shown(value)}; label_columns hold 0 or 1"
                     )
             return tuple(name for name, value in zip(self.label_columns, values, strict=True) if value in ONE)
         if self.multilabel:
-            return tuple(
-                sorted({tag.strip() for tag in values[0].split(self.label_separator) if tag.strip()})
-            )
-        if not values[0]:
-            raise UserError(f"{path} row {row}: the label in column {header[at[0]]!r} is empty")
-        return values[0]
+            tags = {tag.strip() for tag in values[0].split(self.label_separator) if tag.strip()}
+            return tuple(sorted(map(self._named, tags)))
+        return self._named(values[0])  # empty: told after the whole CSV is read
 
-    def _classes(self, path: Path, written: list[Any]) -> list[str]:
+    def _named(self, written: str) -> str:
+        """A label (or tag) as written, in Unicode's composed form (NFC); its written forms noted."""
+        if written.isascii():
+            return written
+        name = nfc(written)
+        self._forms.setdefault(name, set()).add(written)
+        return name
+
+    def _classes(self, path: Path, column_name: str, rows: list[int], written: list[Any]) -> list[str]:
         """The class (or tag) names, from the training CSV's labels."""
         if self.label_columns is not None:
             return list(self.label_columns)
         names = {tag for tags in written for tag in tags} if self.multilabel else set(written)
-        if not self.multilabel and len(names) < 2:
+        if self.multilabel and len(names) < 2:
+            which = "no row has a tag" if not names else f"every tag is {shown(next(iter(names)))}"
             raise UserError(
-                f"{path} has {len(names)} distinct label(s) ({', '.join(names)}): a classifier needs at least two"
+                f"{path}: {which} in column {column_name!r}: a multi-label model needs at least two tags; for one "
+                "tag, give each image one of two labels (has it, or not) and use configs/csv.yaml"
             )
-        numeric = all(n.lstrip("-").isdigit() for n in names)
+        if self.multilabel:
+            self._warn_tag_separators(path, names, rows, written)
+        elif len(names) < 2:
+            raise UserError(
+                f"{path} has {len(names)} distinct label(s) ({', '.join(map(shown, names))}): a classifier needs "
+                "at least two"
+            )
+        numeric = all(re.fullmatch(r"-?[0-9]+", n) for n in names)  # ASCII digits only: int() reads "²" too
         return sorted(names, key=lambda n: (int(n), n) if numeric else (0, n))
+
+    def _check_label_shape(self, path: Path, rows: list[int], written: list[Any]) -> None:
+        """A UserError when a single-label CSV holds several tags per cell (labels `blue round` beside `blue`
+        and `round`, or `round blue`): trained as one class per combination, they would mean nothing."""
+        if self.multilabel:
+            return
+        first_row: dict[str, int] = {}
+        for row, label in zip(rows, written, strict=True):
+            first_row.setdefault(label, row)
+        in_order: dict[tuple[str, ...], str] = {}
+        for label, row in first_row.items():
+            words = label.split()
+            if len(words) < 2:
+                continue
+            other = in_order.setdefault(tuple(sorted(words)), label)
+            if other != label:
+                why = f"{shown(other)} on row {first_row[other]} has the same words in another order"
+            elif all(word in first_row for word in words):
+                why = f"{', '.join(map(shown, words))} are labels of their own on other rows"
+            else:
+                continue
+            raise UserError(
+                f"{path} row {row}: the label {shown(label)} looks like several tags ({why}): for a multi-label "
+                "CSV use configs/csv_multilabel.yaml (data.multilabel: true); otherwise give each image one label"
+            )
+
+    def _warn_tag_separators(self, path: Path, names: set[str], rows: list[int], written: list[Any]) -> None:
+        """A warning for tags holding a character that often separates tags (`red;round`, or `red,round` from a
+        quoted cell): the CSV's tags are likely separated by it, not by `label_separator`."""
+        marks = [c for c in TAG_SEPARATORS if c != self.label_separator]
+        odd = sorted(tag for tag in names if any(c in tag for c in marks))
+        if not odd:
+            return
+        tag = odd[0]
+        mark = next(c for c in marks if c in tag)
+        row = next(row for row, tags in zip(rows, written, strict=True) if tag in tags)
+        split_at = "whitespace" if self.label_separator is None else repr(self.label_separator)
+        more = f" (and {len(odd) - 1} more tag(s) like it)" if len(odd) > 1 else ""
+        data_warning(
+            f"tag {shown(tag)} of {path} (row {row}) holds {mark!r}, and tags are split at {split_at} "
+            f"(data.label_separator){more}: if {mark!r} separates the tags, set --data.label_separator '{mark}'"
+        )
 
     def _indices(self, path: Path, rows: list[int], written: list[Any], classes: list[str]) -> list[Label]:
         """Labels as class indices (tags as tuples of indices); a UserError for one the training CSV lacks."""
@@ -189,8 +274,9 @@ class ImageCSVDataModule(ImageFilesDataModule):
             for name in label if self.multilabel else (label,):
                 if name not in index:
                     raise UserError(
-                        f"{path} row {row}: label {name!r} is not among the labels of the training CSV "
-                        f"{self.csvs['train']} ({', '.join(classes[:20])}{' ...' if len(classes) > 20 else ''})"
+                        f"{path} row {row}: label {shown(name)} is not among the labels of the training CSV "
+                        f"{self.csvs['train']} ({', '.join(classes[:20])}{' ...' if len(classes) > 20 else ''}); "
+                        "correct it, or add images of it to the training CSV"
                     )
             labels.append(tuple(index[t] for t in label) if self.multilabel else index[label])
         return labels
@@ -201,10 +287,13 @@ class ImageCSVDataModule(ImageFilesDataModule):
         shared = [(row, file) for row, file in zip(rows, files, strict=True) if file in training]
         if shared:
             row, file = shared[0]
-            warn(
+            data_warning(
                 f"{path}: {len(shared)} image(s) are in the training CSV {self.csvs['train']} too (first: row {row}, "
                 f"{file}); scores on images the model trained on overstate how well it does"
             )
+
+    def labels_source(self) -> str:
+        return str(self.csvs["train"])
 
     # -- splits and prediction ----------------------------------------------------------------------------------
     def folds_with_val_split(self) -> str:
@@ -223,10 +312,12 @@ class ImageCSVDataModule(ImageFilesDataModule):
         for row, cells in rows:
             found = self._finder.find(value := cell(self.predict_csv, row, cells, at, header))
             if not isinstance(found, tuple):
-                raise UserError(f"{self.predict_csv} row {row}: no single image {value!r} in {self.images}")
+                raise UserError(
+                    f"{self.predict_csv} row {row}: no single image {shown(value)} in {self.images}"
+                )
             files.append(Path(found[0]))
         return files
 
 
 def _show(label: str | tuple[str, ...]) -> str:
-    return repr(label) if isinstance(label, str) else repr(" ".join(label))
+    return shown(label if isinstance(label, str) else " ".join(label))

@@ -33,6 +33,7 @@ from project.data.images import (
     label_targets,
     list_images,
 )
+from project.data.label_checks import check_class_names
 from project.data.tensor_dataset import TensorImageDataset
 from project.errors import UserError, warn
 
@@ -114,8 +115,13 @@ class ImageFilesDataModule(KFoldMixin, ImageDataModule):
         self.predict_root = Path(predict_root).expanduser() if predict_root else None
         self._scans: dict[str, LabelledFiles | None] = {}
         self._caches: dict[str, ImageCache] = {}
+        self._bad: dict[str, dict[int, str]] = {}  # unreadable files of a split, without the cache
+        self._bad_told: set[str] = set()  # the splits whose unreadable files were named
         train = self.scanned("train")
+        kind = "tag" if self.multilabel else "class"
+        check_class_names(train.classes, self._counts(train), self.labels_source(), kind)
         has_val = self.scanned("val") is not None
+        self.scanned("test")  # its labels checked against training's now, not after the whole fit
         if not has_val and not 0.0 < val_fraction < 1.0:
             raise UserError(
                 f"data.val_fraction must be in (0, 1) when the data has no validation split, got {val_fraction}"
@@ -135,6 +141,10 @@ class ImageFilesDataModule(KFoldMixin, ImageDataModule):
         The classes of `val` and `test` must be those of `train`, in the same order. For multi-label data each
         label is the tuple of the image's tag indices."""
         raise NotImplementedError
+
+    def labels_source(self) -> str:
+        """Where the training labels come from, as warnings about them name it."""
+        return str(getattr(self, "train_dir", "the training data"))
 
     def folds_with_val_split(self) -> str:
         """The message for `num_folds` given with a source that has its own validation split."""
@@ -176,6 +186,16 @@ class ImageFilesDataModule(KFoldMixin, ImageDataModule):
                 positives[tag] += 1
         return len(rows), positives
 
+    def _counts(self, scan: LabelledFiles) -> list[int]:
+        """Images per class (or per tag) of `scan`."""
+        if not self.multilabel:
+            return np.bincount(np.asarray(scan.labels, dtype=np.int64), minlength=len(scan.classes)).tolist()
+        counts = [0] * len(scan.classes)
+        for tags in scan.labels:
+            for tag in tags:  # pyright: ignore[reportGeneralTypeIssues]  # tag indices (multi-label)
+                counts[tag] += 1
+        return counts
+
     # -- building the splits --------------------------------------------------------------------------------
     def scanned(self, split: str) -> Any:
         """`scan(split)`, once per split (typed loosely: `train` is never None)."""
@@ -205,13 +225,28 @@ class ImageFilesDataModule(KFoldMixin, ImageDataModule):
         augment = v2.TrivialAugmentWide() if self.trivial_augment and split == "train" and train else None
         if self.cache:
             cached = self._cache(split)  # images only: the targets come from the scan, every time
-            keep = drop_bad(indices, cached.bad, files, self.skip_corrupt)
+            keep = self._drop_bad(split, indices, cached.bad, files)
             return TensorImageDataset(cached.images, targets, keep, sample_transform=augment)
         if self.skip_corrupt:
-            bad = {i: reason for i in indices if (reason := check_image(files[i], self.max_image_pixels))}
-            indices = drop_bad(indices, bad, files, skip_corrupt=True)
+            if (
+                split not in self._bad
+            ):  # the whole split at once: its training and validation parts told together
+                self._bad[split] = {
+                    i: reason
+                    for i in range(len(files))
+                    if (reason := check_image(files[i], self.max_image_pixels))
+                }
+            indices = self._drop_bad(split, indices, self._bad[split], files)
         kept = [files[i] for i in indices]
         return ImageFileDataset(kept, targets[indices], self.source_size, self.max_image_pixels, augment)
+
+    def _drop_bad(self, split: str, indices: list[int], bad: dict[int, str], files: list[str]) -> list[int]:
+        """`indices` without the unreadable files `bad` of their split: an error naming them (without
+        `skip_corrupt`), else a warning naming all of the split's, once (not again for its validation part)."""
+        if split in self._bad_told:
+            return [i for i in indices if i not in bad]
+        self._bad_told.add(split)
+        return drop_bad(indices, bad, files, self.skip_corrupt)
 
     def _split(self) -> tuple[list[int], list[int]]:
         """Stratified, seeded split of the training files: (train indices, val indices). A UserError when no

@@ -12,6 +12,7 @@ import torch
 from PIL import Image, UnidentifiedImageError
 from torch.utils.data import Dataset
 
+from project.data.label_checks import data_warning, nfc
 from project.errors import UserError
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp", ".gif")
@@ -98,7 +99,17 @@ def scan_class_folders(folder: Path, classes: list[str] | None = None) -> Labell
     if not folder.is_dir():
         raise UserError(f"data folder {folder} does not exist or is not a directory")
     folder = folder.resolve()  # once: the cache key uses these absolute paths
-    found = sorted(d.name for d in folder.iterdir() if d.is_dir() and not d.name.startswith("."))
+    # A class is its name in Unicode's composed form: a folder copied from a Mac may spell it decomposed.
+    folders: dict[str, list[str]] = {}
+    for d in sorted(folder.iterdir()):
+        if d.is_dir() and not d.name.startswith("."):
+            folders.setdefault(nfc(d.name), []).append(d.name)
+    found = sorted(folders)
+    if written_twice := next((names for names in folders.values() if len(names) > 1), None):
+        data_warning(
+            f"class folders {' and '.join(map(ascii, written_twice))} of {folder} are one name in two Unicode "
+            f"forms, which print alike ({nfc(written_twice[0])}): their images are one class"
+        )
     by_case: dict[str, list[str]] = {}
     for name in found:
         by_case.setdefault(name.casefold(), []).append(name)
@@ -123,10 +134,12 @@ def scan_class_folders(folder: Path, classes: list[str] | None = None) -> Labell
     scan = LabelledFiles([], [], found, [])
     for label, name in enumerate(found):
         before = len(scan.files)
-        _scan(str(folder / name), scan.files, scan.stamps)
+        for written in folders[name]:
+            _scan(str(folder / written), scan.files, scan.stamps)
         if len(scan.files) == before:
             raise UserError(
-                f"class folder {folder / name} contains no images (looked for {', '.join(IMAGE_EXTENSIONS)})"
+                f"class folder {folder / folders[name][0]} contains no images (looked for "
+                f"{', '.join(IMAGE_EXTENSIONS)})"
             )
         scan.labels.extend([label] * (len(scan.files) - before))
     return scan
