@@ -53,6 +53,11 @@ def part_files(part: str, files: list[str]) -> list[str]:
     return [name for name in files if any(p.fullmatch(name) for p in patterns)]
 
 
+def part_is_present(part: str) -> bool:
+    """Whether any file of `part` is in the checkout (read from the disk: a copy may have no git)."""
+    return any(any(ROOT.glob(pattern)) for pattern in PARTS[part]["files"])
+
+
 def delete_part(part: str, copy: Path) -> list[str]:
     """Deletes the files of `part` from `copy` (and the folders left empty); returns them."""
     files = [str(p.relative_to(copy)) for p in copy.rglob("*") if p.is_file()]

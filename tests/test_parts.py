@@ -13,6 +13,7 @@ from tests.repo_copy import (
     delete_part,
     glob_pattern,
     part_files,
+    part_is_present,
     repository_files,
     run_in,
 )
@@ -40,10 +41,9 @@ def test_the_glob_patterns_match_as_parts_yaml_says():
 
 
 def test_the_commands_offered_are_those_of_the_parts_present_and_each_runs_a_function():
-    files = repository_files()
     for part, spec in PARTS.items():
         offered = set(spec["commands"]) & set(TOOLS)
-        assert offered == (set(spec["commands"]) if part_files(part, files) else set()), (part, list(TOOLS))
+        assert offered == (set(spec["commands"]) if part_is_present(part) else set()), (part, list(TOOLS))
     for name, (target, _) in TOOLS.items():
         module, function = target.split(":")
         assert callable(getattr(importlib.import_module(module), function)), name
