@@ -35,6 +35,7 @@ from typing import Any
 import yaml
 
 from project.atomic_files import atomic_write_text, check_writable
+from project.data.label_checks import data_warnings_given
 from project.errors import UserError, warn
 from project.run.resume import MAY_CHANGE
 from project.run.run_folder import DEFAULT_ROOT_DIR
@@ -180,24 +181,26 @@ def cv(
         "--name",
         accept_change=continues_alike(study_dir),
     )
-    for k in to_run:
-        fold_dir = study_dir / f"fold_{k}"
-        if (fold_dir / RESULT_FILE).exists():
-            print(f"fold {k}: complete ({fold_dir / RESULT_FILE}), skipped")
-            continue
-        with folder_lock(fold_dir, f"fold {k}"):
-            env = wandb_env(f"cv-{name}", f"{name}-fold_{k}", "cv-fold")
-            # A fold with a checkpoint continues its run; a new one starts (`--ckpt_path last` would say so).
-            resume = any(fold_dir.rglob("*.ckpt"))
-            hint = f"rerun the same cv command to continue: fold {k} resumes from its last.ckpt"
-            fit_args_k = [*fit_args, *fold_flags, str(k)]
-            run_fit(fit_args_k, fold_dir, f"fold {k} of {folds}", env, resume=resume, continue_hint=hint)
-            result = fold_result(fold_dir, k)
-            atomic_write_text(
-                fold_dir / RESULT_FILE, json.dumps(result, indent=2) + "\n"
-            )  # last: marks the fold complete
-        score = metrics_of([result])[0]
-        print(f"fold {k}: {score} {result[score]:.4f}, val/loss {result['val/loss']:.4f}")
+    # The data's warnings were given once, when it was built above: not again by every fold's fit and result.
+    with data_warnings_given():
+        for k in to_run:
+            fold_dir = study_dir / f"fold_{k}"
+            if (fold_dir / RESULT_FILE).exists():
+                print(f"fold {k}: complete ({fold_dir / RESULT_FILE}), skipped")
+                continue
+            with folder_lock(fold_dir, f"fold {k}"):
+                env = wandb_env(f"cv-{name}", f"{name}-fold_{k}", "cv-fold")
+                # A fold with a checkpoint continues its run; a new one starts (`--ckpt_path last` would say so).
+                resume = any(fold_dir.rglob("*.ckpt"))
+                hint = f"rerun the same cv command to continue: fold {k} resumes from its last.ckpt"
+                fit_args_k = [*fit_args, *fold_flags, str(k)]
+                run_fit(fit_args_k, fold_dir, f"fold {k} of {folds}", env, resume=resume, continue_hint=hint)
+                result = fold_result(fold_dir, k)
+                atomic_write_text(
+                    fold_dir / RESULT_FILE, json.dumps(result, indent=2) + "\n"
+                )  # last: marks the fold complete
+            score = metrics_of([result])[0]
+            print(f"fold {k}: {score} {result[score]:.4f}, val/loss {result['val/loss']:.4f}")
     read = [read_json(study_dir / f"fold_{k}" / RESULT_FILE) for k in range(folds)]
     missing = [k for k, r in enumerate(read) if r is None]
     if missing:
@@ -207,9 +210,10 @@ def cv(
         return None
     results = [r for r in read if r is not None]  # all of them: none is missing
     summary = summarize(results)
-    ensemble = (
-        test_ensemble_result([study_dir / f"fold_{k}" for k in range(folds)]) if test_ensemble else None
-    )
+    with data_warnings_given():
+        ensemble = (
+            test_ensemble_result([study_dir / f"fold_{k}" for k in range(folds)]) if test_ensemble else None
+        )
     text = report(results, summary, ensemble)
     payload = {"name": name, "folds": results, "summary": summary, "test_ensemble": ensemble}
     write_results(study_dir, "cv_results", text, payload, {})
