@@ -2,6 +2,7 @@
 file: this machine cannot reach the hub), the mean/std they expect, and the optimizer's smaller learning rate
 for the backbone than for the new head."""
 
+import re
 import subprocess
 import sys
 from functools import partial
@@ -244,3 +245,102 @@ def test_the_task_setting_gives_the_backbone_a_smaller_learning_rate():
     assert lrs[id(net.net.conv1[0].weight)][0] == pytest.approx(1e-4 * 0.5 ** max(net.layer_ids().values()))
     with pytest.raises(UserError, match="model.backbone_lr_scale needs a network that says which parameters"):
         ImageClassifier(SimpleCNN(num_classes=3, width=4, hidden=8), num_classes=3, backbone_lr_scale=0.1)
+
+
+# -- a weights_file that does not fit: one line, never a silent random initialisation -------------------------
+def timm_file(path: Path, name: str = TINY_TIMM, drop: str = "", extra: bool = False) -> Path:
+    """A timm model's state dict saved at `path`, without the keys starting with `drop`, or with a key more."""
+    state = {k: v for k, v in saved_timm_weights(path, name).items() if not (drop and k.startswith(drop))}
+    torch.save({**state, **({"extra_block.weight": torch.zeros(2)} if extra else {})}, path)
+    return path
+
+
+def refused(capsys, **kwargs) -> str:
+    """The one-line message of the UserError that building TimmNet(**kwargs) raises."""
+    with pytest.raises(UserError) as error:
+        TimmNet(**{"name": TINY_TIMM, "num_classes": 3, **kwargs})
+    message = str(error.value)
+    assert "\n" not in message and len(message) < 600, message
+    assert "Unexpected keys" not in capsys.readouterr().err  # timm's own list of every key is not printed
+    return message
+
+
+def test_a_weights_file_whose_keys_match_nothing_is_refused(tmp_path, capsys):
+    path = tmp_path / "other.pth"
+    torch.save({f"encoder.{k}": v for k, v in saved_timm_weights(path).items()}, path)
+    message = refused(capsys, weights_file=str(path))
+    assert message.startswith(f"model.net TimmNet: weights_file {path} matches none of the network's ")
+    assert "its keys (encoder.conv1.0.weight, " in message
+
+
+def test_a_weights_file_that_loads_in_part_is_refused_unless_allowed(tmp_path, capsys):
+    lacking = timm_file(tmp_path / "lacking.pth", drop="layer4.")
+    message = refused(capsys, weights_file=str(lacking))
+    assert f"weights_file {lacking} does not match the network: " in message
+    assert re.search(
+        r": (\d+) of the network's (\d+) tensors \(the head apart\) matched; missing from the", message
+    )
+    assert "missing from the file: " in message and "(layer4." in message and "allow_partial: true" in message
+    longer = timm_file(tmp_path / "longer.pth", extra=True)
+    assert "in the file but not the network: 1 (extra_block.weight)" in refused(
+        capsys, weights_file=str(longer)
+    )
+    # Allowed: the matching tensors load, one warning line says how many.
+    net = TimmNet(TINY_TIMM, num_classes=3, weights_file=str(lacking), allow_partial=True)
+    saved = torch.load(lacking, weights_only=True)
+    assert all(torch.equal(net.net.state_dict()[k], v) for k, v in saved.items() if not k.startswith("fc."))
+    warnings_ = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning:")]
+    assert len(warnings_) == 1 and "loaded (allow_partial); missing from the file: " in warnings_[0]
+
+
+def test_a_resnet34_file_is_refused_by_a_resnet18_in_one_line(tmp_path, capsys):
+    path = timm_file(tmp_path / "resnet34.pth", name="resnet34")
+    message = refused(capsys, name="resnet18", weights_file=str(path))
+    assert "in the file but not the network: 96 (layer1.2.conv1.weight, layer1.2.bn1.weight, " in message
+
+
+@pytest.mark.parametrize(
+    ("content", "says"),
+    [
+        (
+            b"this is not a weights file",
+            "is not a readable weights file (a .safetensors file or a torch.save'd",
+        ),
+        ("truncated", "is not a readable weights file"),
+        (
+            "whole model",
+            "holds pickled Python objects (timm.models.resnet.ResNet), not only tensors: refused",
+        ),
+        ("other architecture", "does not fit the network: "),
+    ],
+)
+def test_a_corrupt_pickled_or_foreign_weights_file_is_one_line_naming_it(content, says, tmp_path, capsys):
+    import timm
+
+    path = tmp_path / "weights.pth"
+    if content == "truncated":
+        path.write_bytes(timm_file(path).read_bytes()[:5000])
+    elif content == "whole model":
+        torch.save(timm.create_model(TINY_TIMM), path)
+    elif content == "other architecture":
+        timm_file(path, name=IMAGENET_TIMM)
+    else:
+        path.write_bytes(content)
+    message = refused(capsys, weights_file=str(path))
+    assert message.startswith(f"model.net TimmNet: weights_file {path} ") and says in message, message
+    assert "weights_only=False" not in message
+
+
+def test_the_finetune_command_with_a_weights_file_of_another_network_stops_in_one_line(
+    image_folder, tmp_path, capsys
+):
+    path = tmp_path / "other.pth"
+    torch.save({"classifier.weight": torch.zeros(3, 3)}, path)
+    timm_command = next(c for c in FINETUNE_COMMANDS if "TorchvisionNet" not in c)
+    args = command_args(timm_command.replace("path/to/images", str(image_folder)))
+    args += ["--model.net.init_args.weights_file", str(path), "--trainer.default_root_dir", str(tmp_path)]
+    with pytest.raises(SystemExit) as exit_info:
+        main(args)
+    assert exit_info.value.code == 1
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert errors == [errors[0]] and f"weights_file {path} matches none of the network's " in errors[0]

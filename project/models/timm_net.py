@@ -3,6 +3,7 @@
 timm is imported when a `TimmNet` is built, not when this module is: a run with another network never loads it.
 """
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,10 @@ class TimmNet(nn.Module):
         pretrained: Start from the pretrained weights of `name` (downloaded once; see above).
         weights_file: Load the pretrained weights from this local file instead of downloading them (a
             `.safetensors` or `.pth` state dict of the same architecture, e.g. a copy of the hub's file on a
-            machine without a network). Implies `pretrained`.
+            machine without a network). Implies `pretrained`. A file that fills only some of the network's
+            tensors (another architecture's) is refused, naming what did not match.
+        allow_partial: Accept a `weights_file` that fills only some of the network's tensors: the others keep
+            their random initialisation (one warning line says how many matched).
         drop_rate: Dropout before the classifier.
         drop_path_rate: Stochastic depth: the rate at which residual blocks are skipped in training, rising with
             depth (0.05-0.2 is usual when fine-tuning; 0: off).
@@ -45,6 +49,7 @@ class TimmNet(nn.Module):
         input_shape: tuple[int, int, int] | None = None,
         pretrained: bool = False,
         weights_file: str | None = None,
+        allow_partial: bool = False,
         drop_rate: float = 0.0,
         drop_path_rate: float = 0.0,
         grad_checkpointing: bool = False,
@@ -61,22 +66,15 @@ class TimmNet(nn.Module):
         if input_shape is not None:
             kwargs["in_chans"] = input_shape[0]
         self.in_chans = int(kwargs.get("in_chans", 3))
-        if weights_file is not None:
-            path = Path(weights_file).expanduser()
-            if not path.is_file():
-                raise UserError(f"model.net TimmNet: weights_file {path} does not exist")
-            # The same loader a download goes through (head dropped, channels adapted), fed from a local file.
-            kwargs["pretrained_cfg_overlay"] = {"file": str(path)}
         self.pretrained = pretrained or weights_file is not None
-        # Typed loosely: timm's models carry methods (get_classifier, group_matcher) nn.Module does not declare.
-        self.net: Any = timm.create_model(
-            name,
-            pretrained=self.pretrained,
-            num_classes=num_classes,
-            drop_rate=drop_rate,
-            drop_path_rate=drop_path_rate,
-            **kwargs,
+        settings: dict[str, Any] = dict(
+            num_classes=num_classes, drop_rate=drop_rate, drop_path_rate=drop_path_rate, **kwargs
         )
+        if weights_file is None:
+            # Typed loosely: timm's models carry methods (get_classifier, group_matcher) nn.Module does not declare.
+            self.net: Any = timm.create_model(name, pretrained=self.pretrained, **settings)
+        else:
+            self.net = _from_weights_file(name, Path(weights_file).expanduser(), allow_partial, settings)
         if grad_checkpointing:
             self.net.set_grad_checkpointing(True)
 
@@ -110,3 +108,35 @@ class TimmNet(nn.Module):
             return {}
         ids: Any = group_parameters(self.net, self.net.group_matcher(coarse=False), reverse=True)
         return {f"net.{n}": int(i) for n, i in ids.items()}
+
+
+def _from_weights_file(name: str, path: Path, allow_partial: bool, settings: dict[str, Any]) -> Any:
+    """`timm.create_model(name)` loaded from the local file `path` through the loader a download goes through
+    (head dropped, channels adapted), the file checked first and the load after (project.models.weights_file)."""
+    import timm
+
+    from project.models.weights_file import check_loaded, shape_mismatches, weight_shapes
+
+    owner = "model.net TimmNet"
+    if not path.is_file():
+        raise UserError(f"{owner}: weights_file {path} does not exist")
+    in_file = weight_shapes(path, owner)
+    # timm's "Unexpected keys (...)" line lists every key: check_loaded says it in one line instead.
+    builder = logging.getLogger("timm.models._builder")
+    level = builder.level
+    builder.setLevel(logging.ERROR)
+    try:
+        net: Any = timm.create_model(
+            name, pretrained=True, pretrained_cfg_overlay={"file": str(path)}, **settings
+        )
+    except RuntimeError as e:
+        if "size mismatch" not in str(e) and "inconsistent" not in str(e):
+            raise
+        fresh: Any = timm.create_model(name, pretrained=False, **settings)
+        raise shape_mismatches(fresh.state_dict(), in_file, path, owner) from None
+    finally:
+        builder.setLevel(level)
+    classifier = net.pretrained_cfg.get("classifier") or ()
+    head = (classifier,) if isinstance(classifier, str) else tuple(classifier)
+    check_loaded(net.state_dict(), in_file, head, path, owner, allow_partial)
+    return net
