@@ -7,7 +7,7 @@ import pytest
 import yaml
 
 from project.cli import TOOLS, ProjectCLI
-from tests.conftest import ROOT
+from tests.conftest import PACKAGE, ROOT
 
 COMMANDS = [
     line.split("  #")[0].strip()
@@ -71,20 +71,18 @@ def test_start_here_is_short_and_says_how_long_it_is():
 
 def test_layout_names_every_folder_and_the_top_of_project_stays_small():
     layout = _layout_section()
-    folders = [p for p in (ROOT / "project").rglob("*") if p.is_dir() and p.name != "__pycache__"]
+    folders = [p for p in (ROOT / PACKAGE).rglob("*") if p.is_dir() and p.name != "__pycache__"]
     for folder in folders:
-        relative = folder.relative_to(ROOT / "project")
+        relative = folder.relative_to(ROOT / PACKAGE)
         assert f"{relative.parts[0]}/" in layout and (
             len(relative.parts) == 1 or f"{folder.name}/" in layout
         ), folder
-    top = {p.name for p in (ROOT / "project").iterdir() if p.is_file() and p.suffix == ".py"}
+    top = {p.name for p in (ROOT / PACKAGE).iterdir() if p.is_file() and p.suffix == ".py"}
     assert top <= {"__init__.py", "__main__.py", "errors.py", "atomic_files.py"}, top
 
 
 def test_no_module_is_longer_than_300_lines():
-    long = {
-        str(p): n for p in (ROOT / "project").rglob("*.py") if (n := len(p.read_text().splitlines())) > 300
-    }
+    long = {str(p): n for p in (ROOT / PACKAGE).rglob("*.py") if (n := len(p.read_text().splitlines())) > 300}
     assert not long, long
 
 

@@ -18,7 +18,7 @@ from lightning.pytorch.callbacks import Callback
 from project.cli import main, parse_fit_args
 from project.run import provenance
 from project.run.provenance import name_and_version, package_versions
-from tests.conftest import ROOT, run_python
+from tests.conftest import PACKAGE, ROOT, run_python
 from tests.fakes import make_image_folder
 
 
@@ -54,7 +54,7 @@ def test_start_up_runs_without_full_garbage_collections_and_training_with_them(t
     out = tmp_path / "probe.json"
     args = [*fit_args(tmp_path), "--trainer.callbacks+=tests.test_startup.StartupProbe"]
     args += ["--trainer.callbacks.path", str(out)]
-    run_python("-m", "project", *args)
+    run_python("-m", PACKAGE, *args)
     state = json.loads(out.read_text())
     # Imports and parsing walked millions of objects in each full collection; training collects as usual, past
     # the objects start-up built (frozen, and shared with the forked loader workers).
@@ -103,7 +103,7 @@ def test_the_template_dumps_the_parsed_config_without_validating_it_again(tmp_pa
         caller = sys._getframe(1)
         while caller.f_code.co_filename.endswith("_deprecated.py"):  # jsonargparse's own wrapper
             caller = caller.f_back
-        if str(ROOT / "project") in caller.f_code.co_filename and not kwargs.get("skip_validation"):
+        if str(ROOT / PACKAGE) in caller.f_code.co_filename and not kwargs.get("skip_validation"):
             validating.append(f"{caller.f_code.co_filename}:{caller.f_lineno}")
         return original(self, cfg, *args, **kwargs)
 

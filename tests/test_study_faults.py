@@ -25,7 +25,7 @@ from project.run.redaction import redact_command
 from project.studies.runner import claim_folder
 from project.studies.storage import check_url, lost
 from project.studies.tune import _optuna_says_one_line
-from tests.conftest import ROOT, subprocess_env
+from tests.conftest import PACKAGE, ROOT, subprocess_env
 from tests.folder_fits import tiny_fit_args, tiny_folder
 from tests.study_runs import fit_with_checkpoint, held, holding_env
 
@@ -110,7 +110,7 @@ def test_a_command_line_is_recorded_without_passwords_or_secret_settings(monkeyp
     assert PASSWORD not in " ".join(redacted)
     assert redacted[:3] == ["tune", "--storage", "postgresql://tuner:***@db/x"]
     assert "--data.root" in redacted and "/data" in redacted  # the rest as it was
-    monkeypatch.setattr(sys, "argv", ["project", *args])
+    monkeypatch.setattr(sys, "argv", [PACKAGE, *args])
     assert PASSWORD not in json.dumps(collect_run_info()["command"])
 
 
@@ -135,11 +135,11 @@ def test_a_fits_wandb_run_starts_with_the_command_line_redacted(tmp_path, monkey
 
     seen: list[list[str]] = []
     monkeypatch.setattr(loggers.WandbLogger, "experiment", property(lambda self: seen.append(list(sys.argv))))
-    real = ["project", "fit", "--trainer.logger.init_args.init_kwargs.api_key", PASSWORD]
+    real = [PACKAGE, "fit", "--trainer.logger.init_args.init_kwargs.api_key", PASSWORD]
     monkeypatch.setattr(sys, "argv", real)
     logger = WandbLogger(save_dir=str(tmp_path), offline=True)
     logger._init_run()  # what the background start runs: wandb.init records sys.argv in the run's metadata
-    assert seen == [["project", "fit", "--trainer.logger.init_args.init_kwargs.api_key", "***"]]
+    assert seen == [[PACKAGE, "fit", "--trainer.logger.init_args.init_kwargs.api_key", "***"]]
     assert sys.argv is real
 
 

@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.conftest import ROOT, subprocess_env
+from tests.conftest import PACKAGE, ROOT, subprocess_env
 
 JOB_ID = "4242"
 
@@ -74,7 +74,7 @@ def start_step(args: list[str], ntasks: int, port: int, folder: Path, bin_dir: P
         with open(log, "w") as out:
             procs.append(
                 subprocess.Popen(
-                    [sys.executable, "-m", "project", *args],
+                    [sys.executable, "-m", PACKAGE, *args],
                     cwd=ROOT,
                     env=env,
                     stdout=out,
