@@ -196,6 +196,8 @@ class ProjectCLI(LightningCLIWithTrainerHook):
                 keep_csv_metrics(logger, before_step=resume.step)
 
     def after_fit(self) -> None:
+        if self.trainer.is_global_zero:
+            print(fit_summary(self.trainer), flush=True)
         resume = self.plan.resume
         if resume is not None and self.trainer.is_global_zero and self.trainer.global_step == resume.step:
             warn(
@@ -213,6 +215,20 @@ class ProjectCLI(LightningCLIWithTrainerHook):
         return "--trainer.max_time, --trainer.max_steps or --trainer.max_epochs"
 
     before_validate = before_test = before_predict = _before_run
+
+
+def fit_summary(trainer: Any) -> str:
+    """The line a fit ends with: where its best checkpoint is and what it scored, and where its metrics are."""
+    checkpoint = trainer.checkpoint_callback
+    best = getattr(checkpoint, "best_model_path", "") if checkpoint is not None else ""
+    if best:
+        score = checkpoint.best_model_score  # pyright: ignore[reportOptionalMemberAccess]
+        scored = f" ({checkpoint.monitor} {float(score):.4f})" if score is not None else ""  # pyright: ignore
+        line = f"best checkpoint: {best}{scored}"
+    else:
+        line = "no checkpoint was saved"
+    folders = [logger.log_dir for logger in trainer.loggers if isinstance(logger, CSVLogger)]
+    return f"{line}; metrics: {Path(folders[0]) / 'metrics.csv'}" if folders else line
 
 
 def main(args: list[str] | None = None) -> None:
