@@ -2,7 +2,10 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTHON ?= python3
-CONFIG ?= configs/cifar10.yaml
+# `make train` with nothing else: the sample shipped in samples/, offline. ROOT=path/to/images trains on your
+# class folders (configs/folder.yaml); CONFIG= and ARGS= run any config with any flags.
+CONFIG ?= $(if $(ROOT),configs/folder.yaml,configs/sample.yaml)
+ROOT ?=
 ARGS ?=
 # The pinned versions (constraints.txt) are the tested ones, each with the sha256 of its file: pip installs them
 # with --require-hashes, so a release replaced on the index after it was pinned is refused. `make install
@@ -86,8 +89,8 @@ constraints: ## Re-pin constraints.txt (versions and sha256s, every supported Py
 	mv build/constraints.txt constraints.txt
 	rm -f build/tools.in build/preferred.txt build/versions.txt build/hashed.txt
 
-train: install ## Train: python -m project fit --config $(CONFIG) $(ARGS)
-	$(PY) -m project fit --config $(CONFIG) $(ARGS)
+train: install ## Train offline on the shipped sample; ROOT=path/to/images for your class folders; CONFIG=, ARGS=
+	$(PY) -m project fit --config $(CONFIG) $(if $(ROOT),--data.root $(ROOT)) $(ARGS)
 
 # Both run on every core (pytest-xdist): two processes on a 2-core laptop; worksteal hands a finished
 # worker the queued tests of a busy one, so the long end-to-end runs do not leave a core idle at the end.

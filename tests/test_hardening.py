@@ -8,6 +8,7 @@ In-process where the process boundary does not matter; tests/test_faults.py kill
 import errno
 import json
 import multiprocessing
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -328,9 +329,13 @@ def test_a_failed_download_leaves_no_data_folder(tmp_path, monkeypatch):
         raise URLError("Name or service not known")
 
     monkeypatch.setattr(datasets.CIFAR10, "download", no_network)
-    with pytest.raises(UserError, match="download failed"):
+    with pytest.raises(UserError, match="download failed") as error:
         CIFARDataModule(data_dir=str(tmp_path / "new" / "data")).prepare_data()
     assert not (tmp_path / "new").exists()
+    # It names the routes that need no network, and they exist.
+    for config in re.findall(r"--config (configs/\S+\.yaml)", str(error.value)):
+        assert (ROOT / config).is_file(), config
+    assert "configs/sample.yaml" in str(error.value) and "--data.root" in str(error.value)
     # A folder the user made stays, without the partial archive.
     (tmp_path / "mine").mkdir()
     with pytest.raises(UserError, match="download failed"):

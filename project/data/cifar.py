@@ -129,7 +129,9 @@ class CIFARDataModule(KFoldMixin, ImageDataModule):
         return (
             f"{self.name} is not in {self.data_dir.resolve()} and could not be loaded: {reason}. "
             f"Download {self.archive} from https://www.cs.toronto.edu/~kriz/cifar.html and put it in "
-            f"{self.data_dir.resolve()} (it is extracted on the next run), or set data.data_dir to where it is."
+            f"{self.data_dir.resolve()} (it is extracted on the next run), or set data.data_dir to where it is. "
+            "Offline: train on the images shipped in samples/ (--config configs/sample.yaml) or on your own "
+            "class folders (--config configs/folder.yaml --data.root path/to/images)."
         )
 
     def setup(self, stage: str) -> None:
