@@ -28,6 +28,7 @@ import os
 import re
 import shutil
 import signal
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -212,6 +213,42 @@ def _ending_children() -> Iterator[None]:
                 process.kill()
                 process.join(5)
         raise
+
+
+@contextmanager
+def _stop_on_sigterm(message: str) -> Iterator[None]:
+    """`stop_on_sigterm` (one line, exit status 143, every `finally` run), except while a worker process is
+    being started: one cut off there would print a traceback of its own, unseen by the cleanup. The signal
+    then comes again a moment later."""
+    with stop_on_sigterm(message):
+        stop = signal.getsignal(signal.SIGTERM)
+        if threading.current_thread() is not threading.main_thread() or not callable(stop):
+            yield  # no handler can be installed here
+            return
+
+        def stop_unless_starting(signum: int, frame: Any) -> None:
+            if _starting_a_process(frame):
+                again = threading.Timer(0.1, os.kill, (os.getpid(), signal.SIGTERM))
+                again.daemon = True
+                again.start()
+                return
+            stop(signum, frame)
+
+        signal.signal(signal.SIGTERM, stop_unless_starting)
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGTERM, stop)
+
+
+def _starting_a_process(frame: Any) -> bool:
+    """Whether the stack of `frame` is inside multiprocessing's Process.start."""
+    package = os.path.dirname(multiprocessing.__file__)
+    while frame is not None:
+        if frame.f_code.co_name == "start" and frame.f_code.co_filename.startswith(package):
+            return True
+        frame = frame.f_back
+    return False
 
 
 def _lock_held(lock: Path) -> int | None:
@@ -455,7 +492,7 @@ def prepare(
             f"error: stopped by SIGTERM; {bucket.shown} holds no complete dataset now ({METADATA} is written "
             "last): prepare it again"
         )
-        with stop_on_sigterm(stopped), _writing(bucket.shown, bucket.url):
+        with _stop_on_sigterm(stopped), _writing(bucket.shown, bucket.url):
             bucket.put(INCOMPLETE, "")  # before the old metadata goes: the prefix stays recognisably ours
             bucket.delete(METADATA)
             metadata = _write_splits(litdata, *source, bucket.url, bucket.shown, bucket, **settings)
@@ -467,7 +504,7 @@ def prepare(
         shown = str(out)
         check_apart(out, input_folders(parsed.data))  # before anything is read
         _claim(_local_state(out), shown, overwrite)
-        with stop_on_sigterm(f"error: stopped by SIGTERM; prepare left --output_dir {out} as it was"):
+        with _stop_on_sigterm(f"error: stopped by SIGTERM; prepare left --output_dir {out} as it was"):
             metadata = _prepare_folder(litdata, parsed, out, overwrite, num_folds, settings)
     splits = ", ".join(f"{s}: {n} images" for s, n in metadata["splits"].items())
     print(f"prepared {splits} in {shown}")
