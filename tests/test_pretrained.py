@@ -344,3 +344,36 @@ def test_the_finetune_command_with_a_weights_file_of_another_network_stops_in_on
     assert exit_info.value.code == 1
     errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
     assert errors == [errors[0]] and f"weights_file {path} matches none of the network's " in errors[0]
+
+
+def test_torchvision_loads_a_weights_file_and_refuses_one_of_another_network(tmp_path, capsys):
+    torch.manual_seed(1)
+    saved = torchvision.models.resnet18().state_dict()
+    torch.save({f"module.{k}": v for k, v in saved.items()}, tmp_path / "resnet18.pth")  # as DDP saves it
+    torch.manual_seed(2)
+    net = TorchvisionNet("resnet18", num_classes=3, weights_file=str(tmp_path / "resnet18.pth"))
+    loaded = net.net.state_dict()
+    assert all(torch.equal(loaded[k], saved[k]) for k in saved if not k.startswith("fc."))
+    assert loaded["fc.weight"].shape == (3, 512) and net.input_stats() == IMAGENET
+    owner = "model.net TorchvisionNet: weights_file"
+    torch.save(torchvision.models.resnet34().state_dict(), tmp_path / "resnet34.pth")
+    with pytest.raises(
+        UserError, match=rf"{owner} .*resnet34.pth does not match the network: .* but not the net"
+    ):
+        TorchvisionNet("resnet18", weights_file=str(tmp_path / "resnet34.pth"))
+    torch.save(torchvision.models.mobilenet_v3_small().state_dict(), tmp_path / "mobilenet.pth")
+    with pytest.raises(
+        UserError, match=rf"{owner} .*mobilenet.pth matches none of the network's 100 tensors"
+    ):
+        TorchvisionNet("resnet18", weights_file=str(tmp_path / "mobilenet.pth"))
+    torch.save({**saved, "conv1.weight": torch.zeros(32, 3, 7, 7)}, tmp_path / "narrow.pth")
+    with pytest.raises(
+        UserError,
+        match=rf"{owner} .*narrow.pth does not fit the network: 1 tensor\(s\) of other shapes \(conv1.weight \(32, 3",
+    ):
+        TorchvisionNet("resnet18", weights_file=str(tmp_path / "narrow.pth"))
+    torch.save(torchvision.models.resnet18(), tmp_path / "whole.pth")
+    with pytest.raises(
+        UserError, match=rf"{owner} .*whole.pth holds pickled Python objects \(torchvision.models"
+    ):
+        TorchvisionNet("resnet18", weights_file=str(tmp_path / "whole.pth"))

@@ -1,5 +1,7 @@
 """Any torchvision classification model by name, for custom datasets and other image sizes."""
 
+from pathlib import Path
+
 import torch
 import torchvision
 from torch import Tensor, nn
@@ -18,9 +20,22 @@ class TorchvisionNet(nn.Module):
         num_classes: Number of output logits (linked from the DataModule).
         weights: Pretrained weights, e.g. `DEFAULT` or `IMAGENET1K_V1` (downloaded once by torchvision);
             `None` trains from scratch. With weights, the original head is replaced by a fresh one.
+        weights_file: Load the pretrained weights from this local file instead of downloading them (a state
+            dict of `name`, e.g. a copy of torchvision's file, `.pth` or `.safetensors`); the data is normalised
+            as `weights` (default `DEFAULT`) says. A file that fills only some of the network's tensors (another
+            architecture's) is refused, naming what did not match.
+        allow_partial: Accept a `weights_file` that fills only some of the network's tensors: the others keep
+            their random initialisation (one warning line says how many matched).
     """
 
-    def __init__(self, name: str = "resnet18", num_classes: int = 10, weights: str | None = None) -> None:
+    def __init__(
+        self,
+        name: str = "resnet18",
+        num_classes: int = 10,
+        weights: str | None = None,
+        weights_file: str | None = None,
+        allow_partial: bool = False,
+    ) -> None:
         super().__init__()
         available = torchvision.models.list_models(torchvision.models)
         if name not in available:
@@ -28,17 +43,26 @@ class TorchvisionNet(nn.Module):
                 f"TorchvisionNet: unknown model name {name!r}; choose one of: {', '.join(available)}"
             )
         self.weights = None
-        if weights is None:
+        if weights is None and weights_file is None:
             self.net = torchvision.models.get_model(name, num_classes=num_classes)
         else:
             enum = torchvision.models.get_model_weights(name)
+            weights = weights or "DEFAULT"
             if weights not in enum.__members__:
                 raise ValueError(
                     f"TorchvisionNet: {name} has no weights {weights!r}; choose one of: "
                     f"{', '.join(enum.__members__)}"
                 )
             self.weights = enum[weights]
-            self.net = torchvision.models.get_model(name, weights=self.weights)
+            if weights_file is None:
+                self.net = torchvision.models.get_model(name, weights=self.weights)
+            else:
+                from project.models.weights_file import load_weights_file  # (only runs that use it)
+
+                self.net = torchvision.models.get_model(name)
+                path = Path(weights_file).expanduser()
+                head = _last_linear(self.net)[0]
+                load_weights_file(self.net, path, "model.net TorchvisionNet", head, allow_partial)
             _replace_head(self.net, num_classes)
         self._head = _last_linear(self.net)[0]
 

@@ -7,6 +7,7 @@ unless the network's `allow_partial` accepts a partial load. The file is read wi
 and plain values only): a pickled object (a whole saved model) is refused, not loaded.
 """
 
+import importlib.util
 import re
 import zipfile
 from collections.abc import Collection, Mapping
@@ -14,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 
 from project.errors import UserError, warn
 
@@ -29,13 +31,29 @@ def weight_shapes(path: Path, owner: str) -> dict[str, tuple[int, ...]]:
     Raises UserError naming the file when it is not one, or holds pickled objects."""
     if path.suffix == ".safetensors":
         return _safetensors_shapes(path, owner)
+    return {k: tuple(v.shape) for k, v in read_tensors(path, owner, mmap=True).items()}
+
+
+def read_tensors(path: Path, owner: str, mmap: bool = False) -> dict[str, torch.Tensor]:
+    """The state dict in the weights file `path`, as timm and torchvision find it (a checkpoint's
+    `state_dict`/`model` entry; the prefixes DDP and torch.compile add removed). `mmap`: a zip archive
+    (torch.save's format) is memory-mapped, its tensors read only when used. Raises UserError as `weight_shapes`."""
+    if path.suffix == ".safetensors":
+        _needs_safetensors(owner)
+        from safetensors.torch import load_file
+
+        try:
+            return _state_dict(load_file(str(path)), path, owner)
+        except Exception as e:
+            raise _not_weights(path, owner, _first_line(e)) from None
     with open(path, "rb") as f:
         head = f.read(1)
     if not zipfile.is_zipfile(path) and head != b"\x80":
         raise _not_weights(path, owner, "truncated, or a file of another kind")
     try:
-        # A zip archive (torch.save's format) is memory-mapped: only the keys and shapes are read here.
-        content = torch.load(path, map_location="cpu", weights_only=True, mmap=zipfile.is_zipfile(path))
+        content = torch.load(
+            path, map_location="cpu", weights_only=True, mmap=mmap and zipfile.is_zipfile(path)
+        )
     except Exception as e:
         found = re.search(r"Unsupported global: GLOBAL ([\w.]+)", str(e))
         if found:
@@ -45,10 +63,11 @@ def weight_shapes(path: Path, owner: str) -> dict[str, tuple[int, ...]]:
                 "torch.save(model.state_dict(), path), or a .safetensors file"
             ) from None
         raise _not_weights(path, owner, _first_line(e)) from None
-    return _state_dict_shapes(content, path, owner)
+    return _state_dict(content, path, owner)
 
 
 def _safetensors_shapes(path: Path, owner: str) -> dict[str, tuple[int, ...]]:
+    _needs_safetensors(owner)
     from safetensors import safe_open
 
     try:
@@ -58,7 +77,7 @@ def _safetensors_shapes(path: Path, owner: str) -> dict[str, tuple[int, ...]]:
         raise _not_weights(path, owner, _first_line(e)) from None
 
 
-def _state_dict_shapes(content: Any, path: Path, owner: str) -> dict[str, tuple[int, ...]]:
+def _state_dict(content: Any, path: Path, owner: str) -> dict[str, torch.Tensor]:
     if isinstance(content, Mapping):
         nested = next((content[k] for k in NESTED if isinstance(content.get(k), Mapping)), None)
         content = nested if nested is not None else content
@@ -66,13 +85,27 @@ def _state_dict_shapes(content: Any, path: Path, owner: str) -> dict[str, tuple[
         raise _not_weights(
             path, owner, f"it holds a {type(content).__name__} without tensors, not a state dict"
         )
-    shapes = {}
+    tensors = {}
     for key, value in content.items():
         if isinstance(value, torch.Tensor):
             while str(key).startswith(WRAPPERS):
                 key = next(str(key)[len(p) :] for p in WRAPPERS if str(key).startswith(p))
-            shapes[str(key)] = tuple(value.shape)
-    return shapes
+            tensors[str(key)] = value
+    return tensors
+
+
+def load_weights_file(net: nn.Module, path: Path, owner: str, head: str, allow_partial: bool) -> None:
+    """Load the weights file `path` into `net`, all but its layer `head` (replaced for the data's classes after):
+    refused in one line when it does not fit (`check_loaded`, `shape_mismatches`)."""
+    if not path.is_file():
+        raise UserError(f"{owner}: weights_file {path} does not exist")
+    tensors = read_tensors(path, owner)
+    in_file = {k: tuple(v.shape) for k, v in tensors.items()}
+    own = {k: v for k, v in net.state_dict().items() if not k.startswith(f"{head}.")}
+    if any(k in in_file and tuple(v.shape) != in_file[k] for k, v in own.items()):
+        raise shape_mismatches(own, in_file, path, owner)
+    check_loaded(net.state_dict(), in_file, (head,), path, owner, allow_partial)
+    net.load_state_dict({k: v for k, v in tensors.items() if k in own}, strict=False)
 
 
 def check_loaded(
@@ -128,6 +161,13 @@ def shape_mismatches(
         f"({'; '.join(differ[:SHOWN])}{'; ...' if len(differ) > SHOWN else ''}): a file of another architecture "
         "or width?"
     )
+
+
+def _needs_safetensors(owner: str) -> None:
+    if importlib.util.find_spec("safetensors") is None:
+        raise UserError(
+            f"{owner}: reading a .safetensors weights_file needs safetensors: pip install safetensors"
+        )
 
 
 def _not_weights(path: Path, owner: str, reason: str) -> UserError:
