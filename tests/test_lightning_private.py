@@ -239,3 +239,76 @@ def test_stop_after_this_batch_stops_after_the_batchs_callbacks_through_the_sigt
     with pytest.raises(SIGTERMException):  # what the CLI turns into "stopped by ...; resume with ..."
         t.fit(Tiny())
     assert seen == [1, 2] and t.global_step == 2 and t.received_sigterm
+
+
+class PositionLoader:
+    """Four batches with a resumable position: `state_dict` counts the batches handed out this epoch."""
+
+    def __init__(self) -> None:
+        self.batches = [(torch.full((4, 2), float(i)),) for i in range(4)]
+        self.start = self.handed_out = 0
+
+    def __iter__(self):
+        self.handed_out, start, self.start = self.start, self.start, 0
+        for batch in self.batches[start:]:
+            self.handed_out += 1
+            yield batch
+
+    def state_dict(self) -> dict[str, int]:
+        return {"consumed": self.handed_out}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.start = state["consumed"]
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+
+class OneCycleLike(Tiny):
+    """Reads `estimated_stepping_batches` in configure_optimizers, as a OneCycle schedule's length does: Lightning
+    creates the training loader there, before a checkpoint's loop state is read."""
+
+    def __init__(self, loader: PositionLoader, reads_length: bool = True) -> None:
+        super().__init__()
+        self.loader, self.reads_length = loader, reads_length
+
+    def train_dataloader(self):
+        return self.loader
+
+    def configure_optimizers(self):
+        if self.reads_length:
+            self.total_steps = self.trainer.estimated_stepping_batches
+        return super().configure_optimizers()
+
+
+class BatchesSeen(Callback):
+    def __init__(self, hand_over: bool) -> None:
+        self.hand_over, self.seen, self.handed = hand_over, [], None
+
+    def on_train_start(self, trainer, pl_module):
+        if self.hand_over:
+            self.handed = private.load_pending_train_loader_state(trainer)
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        self.seen.append(int(batch[0][0, 0]))
+
+
+def test_a_loader_created_before_the_checkpoint_is_read_gets_its_position_handed_over(tmp_path):
+    every_2 = ModelCheckpoint(tmp_path, "mid", every_n_train_steps=2, save_top_k=1)
+    trainer(tmp_path, [every_2], max_steps=3, limit_val_batches=0).fit(OneCycleLike(PositionLoader()))
+    # mid.ckpt: saved after two of the epoch's four batches, as a periodic or a SIGTERM checkpoint is
+    seen = {}
+    for hand_over in (False, True):
+        probe = BatchesSeen(hand_over)
+        trainer(tmp_path, [probe], limit_val_batches=0).fit(
+            OneCycleLike(PositionLoader()), ckpt_path=tmp_path / "mid.ckpt"
+        )
+        seen[hand_over] = probe.seen
+        assert probe.handed in (None, True)
+    assert seen[False] == [0, 1]  # Lightning alone: the epoch from its start again
+    assert seen[True] == [2, 3]  # handed over: the batches after the checkpoint's
+    # A loader created after the checkpoint is read has its state already: nothing is left to hand over.
+    probe = BatchesSeen(hand_over=True)
+    unread = OneCycleLike(PositionLoader(), reads_length=False)
+    trainer(tmp_path, [probe], limit_val_batches=0).fit(unread, ckpt_path=tmp_path / "mid.ckpt")
+    assert probe.handed is False and probe.seen == [2, 3]

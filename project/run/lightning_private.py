@@ -61,6 +61,28 @@ def stop_after_this_batch(trainer: L.Trainer) -> None:
     connector.received_sigterm = True
 
 
+# -- resuming: the training loader's position -------------------------------------------------------------
+
+
+def load_pending_train_loader_state(trainer: L.Trainer) -> bool:
+    """Hand the checkpoint's training-loader state (the position within the epoch) to the loader, where
+    Lightning did not; True when there was one to hand over.
+
+    Lightning hands it over in `FitLoop.setup_data` only when it creates the loader there, after the checkpoint
+    is read. A loader created earlier, by `trainer.estimated_stepping_batches` in `configure_optimizers` (how a
+    OneCycle schedule learns its length), is never given it: the resumed run would start the epoch's order again.
+    Called after the checkpoint is read and before the first batch (`on_train_start`); the iterator is made
+    again, as `setup_data` would, so no batch fetched ahead of the state is used."""
+    fit_loop = trainer.fit_loop
+    states, loader = fit_loop._combined_loader_states_to_load, fit_loop._combined_loader
+    if not states or loader is None or fit_loop._data_fetcher is None:
+        return False
+    loader._load_state_dicts(states)
+    fit_loop._combined_loader_states_to_load = []
+    iter(fit_loop._data_fetcher)
+    return True
+
+
 # -- tuning -------------------------------------------------------------------------------------------------
 
 

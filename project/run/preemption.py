@@ -86,6 +86,8 @@ class StopTogether(Callback):
         self.received = max(self.received, code)
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # A run resumed from the stop continues at the batch after it, whenever its loader was created.
+        private.load_pending_train_loader_state(trainer)
         # From here to the end of training, in place of Lightning's handlers (Lightning, which saves the
         # process's handlers before this hook and restores them after the run, gets its own back then).
         if threading.current_thread() is threading.main_thread():  # the only thread that may set handlers
