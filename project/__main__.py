@@ -9,7 +9,7 @@ import threading
 def exit_without_teardown(code: int) -> None:
     """End the process as Python's own exit would, minus the module teardown: threads joined, atexit handlers
     run (logging, multiprocessing's children, W&B), output flushed, then `os._exit`. Destroying the modules of
-    torch, torchvision and Lightning takes about a second of every command's wall time and writes nothing;
+    torch, torchvision and Lightning is a noticeable share of a short command's wall time and writes nothing;
     every file of a run is already written and closed when the command returns.
 
     A Ctrl-C from here on (a study's Ctrl-C reaching a fit that has just finished) has nothing left to stop:

@@ -61,14 +61,20 @@ class _StderrHandler(logging.StreamHandler):
         pass
 
 
-_log = logging.getLogger(PACKAGE)
-_log.addHandler(_StderrHandler())
-_log.handlers[-1].setFormatter(logging.Formatter("warning: %(message)s"))
-_log.propagate = False
+def _warning_log() -> logging.Logger:
+    """The package's logger, given its `warning: ...` handler on first use (not at import: importing the package
+    leaves the logging set-up of a notebook or script that imports it as it was)."""
+    log = logging.getLogger(PACKAGE)
+    if not any(isinstance(h, _StderrHandler) for h in log.handlers):
+        handler = _StderrHandler()
+        handler.setFormatter(logging.Formatter("warning: %(message)s"))
+        log.addHandler(handler)
+        log.propagate = False
+    return log
 
 
 def warn(message: str) -> None:
     """Tell the user something they must see, on stderr as `warning: ...`, once (global rank 0 only)."""
     from lightning.fabric.utilities.rank_zero import rank_zero_only  # the rank Lightning keeps up to date
 
-    rank_zero_only(_log.warning)(message)
+    rank_zero_only(_warning_log().warning)(message)

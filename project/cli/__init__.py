@@ -59,13 +59,6 @@ from project.run.wandb_logger import finish_runs
 
 __all__ = ["ProjectCLI", "fit_parser", "main", "parse_fit_args", "split_args", "SEED"]
 
-# Noise a user cannot act on: an advert printed on every run, and a deprecation inside Lightning itself.
-NOISE = ("💡 Tip", "Loading `train_dataloader` to estimate number of stepping batches")
-for _handler in logging.getLogger("lightning.pytorch").handlers:
-    _handler.addFilter(lambda record: not record.getMessage().startswith(NOISE))
-warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)")
-warnings.filterwarnings("ignore", message=r"(?s).*was deprecated in v4\.49\.0")  # jsonargparse, by Lightning
-#: Lightning's hint, on every command on a machine with SLURM's tools, that `srun` exists but is not used.
 
 
 def _short_usage(parser: Any, file: Any = None) -> None:

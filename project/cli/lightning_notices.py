@@ -23,9 +23,16 @@ def quiet_lightning_notices() -> None:
     # A task logs its training metrics once per epoch (the epoch's means), whatever log_every_n_steps says: an
     # epoch shorter than that interval loses none of them.
     warnings.filterwarnings("ignore", message=SHORT_EPOCH_NOTICE)
+    # Deprecations inside Lightning itself and jsonargparse as Lightning calls it.
+    warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)")
+    warnings.filterwarnings("ignore", message=r"(?s).*was deprecated in v4\.49\.0")
     notices = logging.getLogger("lightning.pytorch.utilities.rank_zero")
     if not any(isinstance(f, _NoAbsentDevices) for f in notices.filters):
         notices.addFilter(_NoAbsentDevices())
+    # An advert printed on every run, and a notice about Lightning's own loader estimate.
+    for handler in logging.getLogger("lightning.pytorch").handlers:
+        if not any(isinstance(f, _NoAdverts) for f in handler.filters):
+            handler.addFilter(_NoAdverts())
 
 
 class _NoAbsentDevices(logging.Filter):
@@ -33,3 +40,13 @@ class _NoAbsentDevices(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         return not re.match(r"\w+ available: False", record.getMessage())
+
+
+class _NoAdverts(logging.Filter):
+    """Drops Lightning's tips (an advert on every run) and its notice that it loads the training loader to
+    estimate the number of steps (the schedule asks for it; nothing to act on)."""
+
+    NOISE = ("💡 Tip", "Loading `train_dataloader` to estimate number of stepping batches")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith(self.NOISE)

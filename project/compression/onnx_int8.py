@@ -26,8 +26,8 @@ def needs_reduce_range(cpuinfo: str | None = None, machine: str | None = None) -
     """Whether static INT8 here should use 7-bit weights (`reduce_range`), as ONNX Runtime advises for U8S8.
 
     x86 CPUs without VNNI multiply u8 activations by s8 weights with `vpmaddubsw`, which adds two products
-    into a saturating int16: with full 8-bit weights large sums clip, and a CIFAR ResNet-18's top-1 flipped on
-    17% of images (benchmarks/README.md section 6). 7-bit weights cannot overflow. VNNI CPUs (and ARM) accumulate
+    into a saturating int16: with full 8-bit weights large sums clip, and a CIFAR ResNet-18's top-1 changes on
+    many images (measured in benchmarks/README.md). 7-bit weights cannot overflow. VNNI CPUs (and ARM) accumulate
     in int32 and keep the full 8 bits. `cpuinfo` defaults to /proc/cpuinfo; an x86 CPU whose flags cannot be
     read is treated as lacking VNNI, the safe side (7-bit per-channel weights cost little accuracy).
     """

@@ -100,7 +100,7 @@ def stratified_folds(labels: Sequence[int], num_folds: int, seed: int) -> list[l
     folds, each class starting where the previous one stopped: every fold holds the floor or the ceiling of
     each class's share, and the folds' sizes differ by at most one.
     """
-    label_array = np.asarray(labels, dtype=np.int64)  # numpy's masks: torch.nonzero is ~20x slower on CPU
+    label_array = np.asarray(labels, dtype=np.int64)  # numpy's masks: torch.nonzero is far slower on CPU
     generator = torch.Generator().manual_seed(seed)
     folds: list[list[int]] = [[] for _ in range(num_folds)]
     start = 0

@@ -279,7 +279,7 @@ class ImageFilesDataModule(KFoldMixin, ImageDataModule):
     def _class_split(self, labels: list[int]) -> tuple[list[int], list[int]]:
         """`val_fraction` of each class (at least one, never all) for validation, drawn by `seed`."""
         g = torch.Generator().manual_seed(self.seed)
-        label_array = np.asarray(labels)  # numpy's masks: torch.nonzero is ~20x slower on CPU
+        label_array = np.asarray(labels)  # numpy's masks: torch.nonzero is far slower on CPU
         train_idx, val_idx = [], []
         for c in range(len(self.class_names)):
             idx = np.flatnonzero(label_array == c)

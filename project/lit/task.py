@@ -40,7 +40,7 @@ class ImageTask(L.LightningModule):
         weight_decay_norm_and_bias: Apply the optimizer's weight decay to norm layers and biases too.
             Default off: decaying them only hurts (they set scale and offset, not capacity).
         norm_bias_lr_scale: Learning-rate multiplier for the norm layers' biases (their weight decay is divided
-            by it, so their decay per step is unchanged). airbench trains its BatchNorm biases 64x faster,
+            by it, so their decay per step is unchanged). airbench trains its BatchNorm biases at 64 times the rate,
             with the BatchNorm scales frozen: the shifts then do the work the scales would.
         backbone_lr_scale: Learning-rate multiplier for a pretrained network's backbone, all but the new head
             (`head_parameter_names()`: TimmNet, TorchvisionNet): 0.1 fine-tunes the pretrained layers at a
@@ -53,8 +53,8 @@ class ImageTask(L.LightningModule):
         tta_shift: Also average over the images shifted this many pixels up-left and down-right (airbench's
             TTA level 2; `lit/tta.py`), at three times the evaluation cost. 0: off.
         channels_last: Store conv weights and inputs NHWC, the layout the fastest convolutions of oneDNN
-            (CPUs) and cuDNN (tensor cores under 16-mixed/bf16-mixed) work in (benchmarks/README.md, section
-            2). Networks without 4-D inputs are unaffected.
+            (CPUs) and cuDNN (tensor cores under 16-mixed/bf16-mixed) work in. Networks
+            without 4-D inputs are unaffected.
         compile: `torch.compile` the network in place (`nn.Module.compile`, so checkpoint keys do not change).
             Pays off on long GPU runs; the first steps are slow while it compiles (minutes on a CPU).
         compile_mode: `torch.compile` mode: `default`, `reduce-overhead` (CUDA graphs, small batches) or
