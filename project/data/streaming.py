@@ -6,6 +6,7 @@ module): a fit with another DataModule does not load it.
 """
 
 import io
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,15 @@ from project.data.folds import KFoldMixin
 from project.data.images import MAX_IMAGE_PIXELS, decode_image
 from project.data.samplers import run_seed
 from project.data.streaming_metadata import METADATA, read_metadata
-from project.errors import UserError
+from project.errors import UserError, warn
+
+#: Lightning's notices about a litdata loader that do not hold for this DataModule's: litdata gives every loader
+#: worker its own chunks (so the dataset's `__len__` holds with many workers), and predictions are named by the
+#: index each sample carries, not by the batch indices Lightning cannot infer. Left out once it sets up.
+LOADER_NOTICES = (
+    r"Your `IterableDataset` has `__len__` defined",
+    r"Couldn't infer the batch indices fetched from your dataloader",
+)
 
 
 class DecodeSample:
@@ -127,6 +136,7 @@ class StreamingImageDataModule(KFoldMixin, ImageDataModule):
                 f"data.predict_split {predict_split!r} is not a split of {self.input_dir} ({', '.join(splits)})"
             )
         self.predict_split = predict_split or ("test" if "test" in splits else "val")
+        self._predict_split_given = predict_split is not None
         folds = self.meta.get("folds")
         if self.num_folds is not None and (not folds or len(folds["sizes"]) != self.num_folds):
             recorded = f"with {len(folds['sizes'])} folds" if folds else "without folds"
@@ -174,6 +184,8 @@ class StreamingImageDataModule(KFoldMixin, ImageDataModule):
     def setup(self, stage: str) -> None:
         # Made here, after the processes have joined: litdata reads the distributed environment when a dataset is
         # created, to give each process its own chunks.
+        for notice in LOADER_NOTICES:
+            warnings.filterwarnings("ignore", message=notice)
         self._check_every_process_gets_a_batch(stage)
         if self.train_set is None and self.num_folds is None:
             self.train_set = self._dataset("train", train=True)
@@ -188,6 +200,12 @@ class StreamingImageDataModule(KFoldMixin, ImageDataModule):
             self.predict_set = self._dataset(self.predict_split, index=True)
             count = self.meta["splits"][self.predict_split]
             self.predict_names = [f"{self.predict_split}/{i}" for i in range(count)]
+            if not self._predict_split_given:
+                warn(
+                    f"no data.predict_split given: predicting the {self.predict_split} split of {self.input_dir} "
+                    f"({count} images, named {self.predict_split}/<place in the split>); data.predict_split chooses "
+                    f"one of {', '.join(self.meta['splits'])}"
+                )
 
     def _check_every_process_gets_a_batch(self, stage: str) -> None:
         """litdata deals whole batches to the processes and the leftover items to the last one: a split of fewer
