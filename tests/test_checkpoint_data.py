@@ -214,3 +214,28 @@ def test_an_ema_fit_from_a_checkpoint_without_average_says_so_in_one_line(fake_c
         and lines[0].startswith("warning: the checkpoint ")
         and "holds no weight average" in lines[0]
     )
+
+
+def test_ema_on_one_side_of_a_resume_with_the_shipped_config_is_one_warning_line(tmp_path, capsys):
+    ema = ["--config", str(CONFIGS / "callbacks" / "ema.yaml")]
+    images, ckpt = trained_run(tmp_path, capsys, *ema)
+    code, errors, printed = run(
+        folder_fit(images, tmp_path, "--ckpt_path", ckpt, "--trainer.max_epochs", "2"), capsys
+    )
+    assert code == 0, printed
+    lines = [line for line in printed.splitlines() if "weight average" in line or "WeightAveraging" in line]
+    assert len(lines) == 1 and lines[0].startswith(
+        f"warning: the checkpoint {ckpt} holds a weight average"
+    ), lines
+    # And the other way: an EMA fit from the checkpoint of a fit without one.
+    plain = newest_run(tmp_path / "logs") / "checkpoints" / "last.ckpt"
+    again = folder_fit(images, tmp_path, *ema, "--ckpt_path", plain, "--trainer.max_epochs", "3")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        code, errors, printed = run(again, capsys)
+    assert code == 0, printed
+    assert not [w for w in caught if "not created with WeightAveraging" in str(w.message)]
+    lines = [line for line in printed.splitlines() if "weight average" in line or "WeightAveraging" in line]
+    assert len(lines) == 1 and lines[0] == (
+        f"warning: the checkpoint {plain} holds no weight average: the average (EMA) starts from its weights"
+    )
