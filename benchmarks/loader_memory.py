@@ -25,7 +25,7 @@ import torch
 
 from benchmarks.common import emit, machine
 from project.data import ImageFolderDataModule
-from project.lit import ImageClassifier
+from project.tasks import ImageClassifier
 from project.models import MLP
 from tests.fakes import make_image_folder
 

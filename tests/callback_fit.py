@@ -10,7 +10,7 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from project.data import CIFARDataModule
-from project.lit import ImageClassifier
+from project.tasks import ImageClassifier
 from project.models import SimpleCNN
 
 NET = {"width": 8, "hidden": 32}

@@ -17,7 +17,7 @@ from PIL import Image
 from project.cli import main
 from project.data import ImageFolderDataModule
 from project.errors import UserError
-from project.lit import ImageClassifier
+from project.tasks import ImageClassifier
 from project.models import MLP
 from tests.conftest import CONFIGS, run_cli
 from tests.fakes import make_image_folder

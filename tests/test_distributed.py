@@ -34,7 +34,7 @@ from project.cli import ProjectCLI
 from project.data import CIFARDataModule
 from project.distributed import sharding_units
 from project.distributed.sharding import shard_network
-from project.lit import ImageClassifier
+from project.tasks import ImageClassifier
 from project.models import CIFARResNet, SimpleCNN
 from tests.conftest import CONFIGS, PACKAGE, ROOT, newest_run, run_cli, subprocess_env
 from tests.probes import PredictionProbe

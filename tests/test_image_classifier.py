@@ -2,7 +2,7 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from project.lit import ImageClassifier
+from project.tasks import ImageClassifier
 from project.models import SimpleCNN
 
 

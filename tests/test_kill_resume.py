@@ -98,7 +98,7 @@ def test_resumed_csv_metrics_keep_the_rows_before_the_checkpoint(tmp_path):
 
 
 def test_best_validation_accuracy_survives_a_resume():
-    from project.lit import ImageClassifier
+    from project.tasks import ImageClassifier
     from project.models import MLP
 
     trained = ImageClassifier(MLP(num_classes=10, hidden=8), num_classes=10)

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from project.errors import UserError
-from project.lit import ImageClassifier
+from project.tasks import ImageClassifier
 from project.models import MLP, SimpleCNN
 from project.run.checkpoints import load_checkpoint, load_weights
 

@@ -12,7 +12,7 @@ from lightning.pytorch.plugins import MixedPrecision
 from torch.utils.data import DataLoader, TensorDataset
 
 from project.cli import ProjectCLI
-from project.lit import ImageClassifier
+from project.tasks import ImageClassifier
 from project.models import SimpleCNN
 from tests.conftest import CONFIGS, newest_run, run_cli
 from tests.probes import ForwardDtype, ScalerAtStart

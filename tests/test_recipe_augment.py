@@ -13,7 +13,7 @@ from project.cli import main
 from project.data import ImageFolderDataModule
 from project.data.augment import mix_batch, random_erasing, random_resized_crop, sample_boxes
 from project.errors import UserError
-from project.lit import ImageClassifier
+from project.tasks import ImageClassifier
 from project.models import SimpleCNN
 from tests.conftest import CONFIGS
 from tests.test_exact_resume import assert_same_weights, folder_args, last_weights, stop_and_resume

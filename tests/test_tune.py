@@ -392,7 +392,7 @@ def test_the_default_objective_is_the_tasks_monitored_metric(tmp_path):
 
     space_file = tmp_path / "search.yaml"
     space_file.write_text("model.label_smoothing: {type: float, low: 0.0, high: 0.2}\n")
-    from project.lit import ImageClassifier
+    from project.tasks import ImageClassifier
 
     assert (
         load_search(space_file, ImageClassifier).metric,

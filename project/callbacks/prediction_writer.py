@@ -13,7 +13,7 @@ from project.atomic_files import atomic_path
 if TYPE_CHECKING:
     from _csv import Writer  # what csv.writer returns; `csv` does not export the name
 
-    from project.lit.task import ImageTask
+    from project.tasks.task import ImageTask
 
 
 class PredictionWriter(BasePredictionWriter):

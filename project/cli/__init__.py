@@ -44,8 +44,8 @@ from project.cli.lightning_notices import quiet_lightning_notices
 from project.cli.trainer_callbacks import applicable_callbacks, stop_on_signals
 from project.data import ImageDataModule
 from project.errors import UserError, find_user_error, innermost_value_error, warn
-from project.lit import ImageTask
-from project.lit.task import check_task_fits_data
+from project.tasks import ImageTask
+from project.tasks.task import check_task_fits_data
 from project.run import interrupts
 from project.run.checkpoints import check_fits, with_atomic_checkpoint_io
 from project.run.interrupts import CtrlCStopsAfterTheBatch

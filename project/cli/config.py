@@ -32,7 +32,7 @@ from project.callbacks import (
 from project.cli.trainer_callbacks import NetworkSummary
 from project.data import ImageDataModule
 from project.errors import UserError, find_user_error
-from project.lit import ImageClassifier, ImageTask
+from project.tasks import ImageClassifier, ImageTask
 from project.run.run_folder import DEFAULT_ROOT_DIR
 
 SEED = 42

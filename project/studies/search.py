@@ -168,7 +168,7 @@ def _refused(fit_args: list[str], values: dict[str, Any]) -> str | None:
     task's or DataModule's own range checks, such as label_smoothing in [0, 1)); None if it accepts them."""
     from project.cli.config import instantiate_section
     from project.data import ImageDataModule
-    from project.lit import ImageTask
+    from project.tasks import ImageTask
 
     try:
         _, config = parse_fit_args([*fit_args, *as_flags(values)])

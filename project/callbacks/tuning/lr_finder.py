@@ -12,7 +12,7 @@ from lightning.pytorch.loggers import WandbLogger
 from project.atomic_files import atomic_write_text
 from project.callbacks.tuning.shared import override_factory, rebuild_optimizers, report, stop_after_tuning
 from project.errors import UserError
-from project.lit.factories import takes_argument
+from project.tasks.factories import takes_argument
 
 if TYPE_CHECKING:
     from lightning.pytorch.tuner.lr_finder import _LRFinder

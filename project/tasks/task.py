@@ -6,7 +6,7 @@ prediction is (`predict_step`, `prediction_header`, `prediction_row`), and what 
 mean (`output_spec`, stored in every checkpoint for export and serving). This base holds the rest: the
 optimizer and schedule, the speed switches, test-time augmentation, sharding and clipping, the stage loop.
 
-A new kind of target (tags, a regression value, a mask) is one subclass in `project/lit/` plus a config that
+A new kind of target (tags, a regression value, a mask) is one subclass in `project/tasks/` plus a config that
 names it (`model: {class_path: ...}`): see README "Add a task".
 """
 
@@ -20,8 +20,8 @@ from torchmetrics import MaxMetric, MeanMetric, MetricCollection, MinMetric
 
 from project.distributed.sharding import clip_fsdp_grad_norm, shard_for_device_mesh
 from project.errors import UserError
-from project.lit.factories import build_optimizer, check_optimizer, leaves_unset, lr_scales, scaled_max_lr
-from project.lit.tta import tta_logits
+from project.tasks.factories import build_optimizer, check_optimizer, leaves_unset, lr_scales, scaled_max_lr
+from project.tasks.tta import tta_logits
 
 
 class ImageTask(L.LightningModule):
@@ -51,7 +51,7 @@ class ImageTask(L.LightningModule):
         tta_flip: Evaluate (val/test/predict) on the mean of the outputs of each image and its mirror image,
             at twice the evaluation cost.
         tta_shift: Also average over the images shifted this many pixels up-left and down-right (airbench's
-            TTA level 2; `lit/tta.py`), at three times the evaluation cost. 0: off.
+            TTA level 2; `tasks/tta.py`), at three times the evaluation cost. 0: off.
         channels_last: Store conv weights and inputs NHWC, the layout the fastest convolutions of oneDNN
             (CPUs) and cuDNN (tensor cores under 16-mixed/bf16-mixed) work in. Networks
             without 4-D inputs are unaffected.
@@ -314,11 +314,11 @@ def check_task_fits_data(task: ImageTask, datamodule: Any) -> None:
     if data_multilabel:
         raise UserError(
             f"the data is multi-label (data.multilabel true: a set of tags per image) but model {name} "
-            "predicts one class per image: train it with --model project.lit.MultiLabelClassifier "
+            "predicts one class per image: train it with --model project.tasks.MultiLabelClassifier "
             "(as configs/csv_multilabel.yaml does)"
         )
     raise UserError(
         f"model {name} predicts a set of tags per image but the data ({type(datamodule).__name__}) gives one "
-        "class per image: train it with --model project.lit.ImageClassifier, or give it tagged data "
+        "class per image: train it with --model project.tasks.ImageClassifier, or give it tagged data "
         "(configs/csv_multilabel.yaml: --data.multilabel true)"
     )

@@ -7,7 +7,7 @@ from torch import Tensor, nn
 from torchmetrics import MetricCollection
 from torchmetrics.classification import MulticlassAccuracy
 
-from project.lit.task import ImageTask
+from project.tasks.task import ImageTask
 
 
 class ImageClassifier(ImageTask):

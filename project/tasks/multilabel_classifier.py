@@ -16,7 +16,7 @@ from torch import Tensor, nn
 from torchmetrics import MetricCollection
 from torchmetrics.classification import MultilabelAveragePrecision, MultilabelPrecisionRecallCurve
 
-from project.lit.task import ImageTask
+from project.tasks.task import ImageTask
 
 #: The candidate thresholds (0, 0.01, ..., 1): the precision-recall curves are counted at these probabilities,
 #: so their state is a fixed-size table that processes sum, whatever the size of the split.
