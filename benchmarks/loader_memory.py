@@ -25,8 +25,8 @@ import torch
 
 from benchmarks.common import emit, machine
 from project.data import ImageFolderDataModule
-from project.tasks import ImageClassifier
 from project.models import MLP
+from project.tasks import ImageClassifier
 from tests.fakes import make_image_folder
 
 MB = 1024**2

@@ -10,8 +10,8 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from project.data import CIFARDataModule
-from project.tasks import ImageClassifier
 from project.models import SimpleCNN
+from project.tasks import ImageClassifier
 
 NET = {"width": 8, "hidden": 32}
 

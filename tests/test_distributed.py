@@ -34,8 +34,8 @@ from project.cli import ProjectCLI
 from project.data import CIFARDataModule
 from project.distributed import sharding_units
 from project.distributed.sharding import shard_network
-from project.tasks import ImageClassifier
 from project.models import CIFARResNet, SimpleCNN
+from project.tasks import ImageClassifier
 from tests.conftest import CONFIGS, PACKAGE, ROOT, newest_run, run_cli, subprocess_env
 from tests.probes import PredictionProbe
 from tests.tiny_runs import TRAIN_SIZE, VAL_SIZE, csv_logger_config, fit_args, tiny_cifar

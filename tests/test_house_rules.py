@@ -24,13 +24,16 @@ def comments_and_docstrings(path: Path) -> list[tuple[int, str]]:
         return [(n, line) for n, line in enumerate(path.read_text().splitlines(), 1) if "#" in line]
     found, previous = [], None
     for token in tokenize.generate_tokens(io.StringIO(path.read_text()).readline):
-        if token.type == tokenize.COMMENT:
-            found.append((token.start[0], token.string))
-        elif token.type == tokenize.STRING and previous in (
-            tokenize.INDENT,
-            tokenize.NEWLINE,
-            tokenize.DEDENT,
-            None,
+        if (
+            token.type == tokenize.COMMENT
+            or token.type == tokenize.STRING
+            and previous
+            in (
+                tokenize.INDENT,
+                tokenize.NEWLINE,
+                tokenize.DEDENT,
+                None,
+            )
         ):
             found.append((token.start[0], token.string))
         if token.type not in (tokenize.NL, tokenize.COMMENT):

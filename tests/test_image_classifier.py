@@ -2,8 +2,8 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from project.tasks import ImageClassifier
 from project.models import SimpleCNN
+from project.tasks import ImageClassifier
 
 
 def sgd(params):

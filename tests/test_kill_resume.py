@@ -98,8 +98,8 @@ def test_resumed_csv_metrics_keep_the_rows_before_the_checkpoint(tmp_path):
 
 
 def test_best_validation_accuracy_survives_a_resume():
-    from project.tasks import ImageClassifier
     from project.models import MLP
+    from project.tasks import ImageClassifier
 
     trained = ImageClassifier(MLP(num_classes=10, hidden=8), num_classes=10)
     trained.val_best.update(torch.tensor(0.75))

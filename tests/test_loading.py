@@ -5,9 +5,9 @@ import pytest
 import torch
 
 from project.errors import UserError
-from project.tasks import ImageClassifier
 from project.models import MLP, SimpleCNN
 from project.run.checkpoints import load_checkpoint, load_weights
+from project.tasks import ImageClassifier
 
 
 class RunsCode:

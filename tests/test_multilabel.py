@@ -24,9 +24,9 @@ from project.export.model_export import export_trained
 from project.export.preprocessing import Preprocessing
 from project.export.report import accuracy, columns, markdown
 from project.export.trained import TrainedModel
+from project.models import MLP
 from project.tasks import ImageClassifier, MultiLabelClassifier
 from project.tasks.task import check_task_fits_data
-from project.models import MLP
 
 TAGS = ["cat", "dog"]
 
@@ -140,7 +140,9 @@ def test_predict_writes_each_images_tags_and_probabilities(tmp_path):
 
 def test_task_and_data_must_agree_on_what_a_target_is(tmp_path):
     single = ImageClassifier(MLP(num_classes=2, input_shape=(3, 4, 4)), num_classes=2, input_shape=None)
-    with pytest.raises(UserError, match=r"data is multi-label .*--model project\.tasks\.MultiLabelClassifier"):
+    with pytest.raises(
+        UserError, match=r"data is multi-label .*--model project\.tasks\.MultiLabelClassifier"
+    ):
         trainer(tmp_path).validate(single, datamodule=TagData(), verbose=False)
     with pytest.raises(
         UserError, match=r"gives one class per image: train it with --model project\.tasks\.ImageClassifier"

@@ -12,8 +12,8 @@ from lightning.pytorch.plugins import MixedPrecision
 from torch.utils.data import DataLoader, TensorDataset
 
 from project.cli import ProjectCLI
-from project.tasks import ImageClassifier
 from project.models import SimpleCNN
+from project.tasks import ImageClassifier
 from tests.conftest import CONFIGS, newest_run, run_cli
 from tests.probes import ForwardDtype, ScalerAtStart
 from tests.tiny_runs import fit_args, tiny_cifar

@@ -15,9 +15,9 @@ import torchvision
 from project.cli import ProjectCLI, main
 from project.errors import UserError
 from project.export.trained import load_trained
+from project.models import SimpleCNN, TimmNet, TorchvisionNet
 from project.tasks import ImageClassifier
 from project.tasks.factories import build_optimizer, scaled_max_lr
-from project.models import SimpleCNN, TimmNet, TorchvisionNet
 from tests.conftest import CONFIGS, ROOT
 from tests.tiny_fit import command_args
 

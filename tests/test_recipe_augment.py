@@ -13,8 +13,8 @@ from project.cli import main
 from project.data import ImageFolderDataModule
 from project.data.augment import mix_batch, random_erasing, random_resized_crop, sample_boxes
 from project.errors import UserError
-from project.tasks import ImageClassifier
 from project.models import SimpleCNN
+from project.tasks import ImageClassifier
 from tests.conftest import CONFIGS
 from tests.test_exact_resume import assert_same_weights, folder_args, last_weights, stop_and_resume
 

@@ -5,9 +5,9 @@ import torch
 
 from project.data import CIFARDataModule
 from project.data.tensor_dataset import TensorImageDataset
-from project.tasks import ImageClassifier
 from project.models import SimpleCNN
 from project.models.airbench import AirbenchNet
+from project.tasks import ImageClassifier
 from tests.conftest import CONFIGS, newest_run, run_cli
 
 

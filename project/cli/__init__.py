@@ -9,7 +9,6 @@ Trainer runs, between `before_<command>` and `after_<command>`. The task is chos
 """
 
 import importlib
-import logging
 import signal
 import sys
 import types
@@ -44,8 +43,6 @@ from project.cli.lightning_notices import quiet_lightning_notices
 from project.cli.trainer_callbacks import applicable_callbacks, stop_on_signals
 from project.data import ImageDataModule
 from project.errors import UserError, find_user_error, innermost_value_error, warn
-from project.tasks import ImageTask
-from project.tasks.task import check_task_fits_data
 from project.run import interrupts
 from project.run.checkpoints import check_fits, with_atomic_checkpoint_io
 from project.run.interrupts import CtrlCStopsAfterTheBatch
@@ -56,9 +53,10 @@ from project.run.resume import LogsBeforeCheckpoints, keep_csv_metrics
 from project.run.run_folder import release_run_folders
 from project.run.startup import resume_garbage_collection
 from project.run.wandb_logger import finish_runs
+from project.tasks import ImageTask
+from project.tasks.task import check_task_fits_data
 
 __all__ = ["ProjectCLI", "fit_parser", "main", "parse_fit_args", "split_args", "SEED"]
-
 
 
 def _short_usage(parser: Any, file: Any = None) -> None:

@@ -32,8 +32,8 @@ from project.callbacks import (
 from project.cli.trainer_callbacks import NetworkSummary
 from project.data import ImageDataModule
 from project.errors import UserError, find_user_error
-from project.tasks import ImageClassifier, ImageTask
 from project.run.run_folder import DEFAULT_ROOT_DIR
+from project.tasks import ImageClassifier, ImageTask
 
 SEED = 42
 
