@@ -18,7 +18,7 @@ import lightning as L
 import psutil
 from lightning.pytorch.callbacks import Callback
 
-from project.run.preemption import StopTogether
+from project.callbacks.preemption import StopTogether
 from tests.conftest import subprocess_env
 
 

@@ -166,7 +166,7 @@ def test_a_ddp_run_stopped_mid_epoch_resumes_bit_identical(fake_cifar, tmp_path)
     # to rank 0 that StopAndRequeue makes every process act on at the same step. Each process restores its own
     # random generators.
     ddp = ["--config", CONFIGS / "trainer" / "ddp_cpu.yaml",
-           "--trainer.callbacks+=project.run.preemption.StopAndRequeue", "--trainer.callbacks.requeue", "false"]  # fmt: skip
+           "--trainer.callbacks+=project.callbacks.preemption.StopAndRequeue", "--trainer.callbacks.requeue", "false"]  # fmt: skip
     stopped = fit_args(fake_cifar, tmp_path / "stopped", *ddp, stop=8 + 3, signal_name="SIGUSR1")
     out = run_cli(*stopped, cwd=tmp_path, check=False)
     assert out.returncode == 128 + signal.SIGTERM, out.stderr[-4000:]

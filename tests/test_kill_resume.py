@@ -20,9 +20,9 @@ import torch
 from lightning.pytorch.callbacks import Callback
 
 from project.atomic_files import partial_path
+from project.callbacks.rng_state import collect_rng_states, set_rng_states
 from project.cli import main
 from project.run.checkpoints import AtomicCheckpointIO
-from project.run.provenance import collect_rng_states, set_rng_states
 from project.run.resume import find_last_checkpoint, keep_csv_metrics
 from tests.conftest import CONFIGS, ROOT, run_cli, subprocess_env
 

@@ -1,4 +1,4 @@
-"""Pins every behaviour of Lightning's private API the template relies on (`project.run.lightning_private`).
+"""Pins every behaviour of Lightning's private API the template relies on (`project.lightning_private`).
 
 A Lightning upgrade that renames or changes one of them fails here, naming it, instead of somewhere deep in a
 run. Each test uses the real Lightning objects on a tiny model, in-process.
@@ -14,7 +14,7 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
 from torch.utils.data import DataLoader, TensorDataset
 
-from project.run import lightning_private as private
+from project import lightning_private as private
 
 
 class Tiny(L.LightningModule):

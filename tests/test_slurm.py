@@ -24,10 +24,10 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.demos.boring_classes import BoringModel
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+from project.callbacks import interrupts, preemption
 from project.callbacks.checkpoint import BestAndLastCheckpoint
+from project.callbacks.preemption import StopAndRequeue, requeue_slurm_job, slurm_job_id
 from project.errors import UserError
-from project.run import interrupts, preemption
-from project.run.preemption import StopAndRequeue, requeue_slurm_job, slurm_job_id
 from tests.conftest import CONFIGS, ROOT, subprocess_env
 from tests.fakes import make_image_folder
 from tests.slurm.ranks import JOB_ID, fake_scontrol, signal_after_step, start_step

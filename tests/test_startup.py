@@ -15,9 +15,9 @@ import jsonargparse
 import pytest
 from lightning.pytorch.callbacks import Callback
 
+from project.callbacks import run_info
+from project.callbacks.run_info import name_and_version, package_versions
 from project.cli import main, parse_fit_args
-from project.run import provenance
-from project.run.provenance import name_and_version, package_versions
 from tests.conftest import PACKAGE, ROOT, run_python
 from tests.fakes import make_image_folder
 
@@ -131,7 +131,7 @@ def test_package_versions_are_read_from_the_metadata_headers(monkeypatch):
 
     monkeypatch.setattr(metadata.Distribution, "metadata", property(parsed_whole))
     assert package_versions() == dict(sorted(expected.items()))
-    assert provenance.collect_run_info()["key_packages"]["lightning"] == expected["lightning"]
+    assert run_info.collect_run_info()["key_packages"]["lightning"] == expected["lightning"]
 
 
 def test_name_and_version_stop_at_the_end_of_the_header():

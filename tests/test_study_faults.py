@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 
 from project.atomic_files import Terminated, staged_outputs
+from project.callbacks import interrupts
+from project.callbacks.run_info import collect_run_info
 from project.cli import main
 from project.errors import UserError
-from project.run import interrupts
-from project.run.provenance import collect_run_info
 from project.run.redaction import redact_command
 from project.studies.runner import claim_folder
 from project.studies.storage import check_url, lost
@@ -131,7 +131,7 @@ def test_the_studys_own_wandb_run_does_not_record_the_database_password(tmp_path
 def test_a_fits_wandb_run_starts_with_the_command_line_redacted(tmp_path, monkeypatch):
     from lightning.pytorch import loggers
 
-    from project.run.wandb_logger import WandbLogger
+    from project.loggers.wandb import WandbLogger
 
     seen: list[list[str]] = []
     monkeypatch.setattr(loggers.WandbLogger, "experiment", property(lambda self: seen.append(list(sys.argv))))

@@ -123,7 +123,7 @@ def test_a_wandb_run_that_cannot_start_is_one_line_and_keeps_the_exit_status(
     import wandb
 
     from project.cli import main
-    from project.run.wandb_logger import finish_runs
+    from project.loggers.wandb import finish_runs
     from tests.tiny_fit import tiny_args
 
     def refused(**kwargs):
@@ -140,7 +140,7 @@ def test_a_wandb_run_that_cannot_start_is_one_line_and_keeps_the_exit_status(
     )
 
     # Stopped (SIGTERM) before the run got to start: said as a warning, the stop's own status is kept.
-    from project.run.wandb_logger import WandbLogger
+    from project.loggers.wandb import WandbLogger
 
     WandbLogger(save_dir=str(tmp_path), offline=True).log_hyperparams({"lr": 0.1})
     finish_runs(143)

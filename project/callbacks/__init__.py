@@ -23,7 +23,7 @@ from project.callbacks.diagnostics.nonfinite import NonFiniteError, NonFiniteGua
 from project.callbacks.diagnostics.wandb_dashboard import WandbDashboard
 from project.callbacks.effective_batch_size import EffectiveBatchSize
 from project.callbacks.prediction_writer import PredictionWriter
-from project.run.preemption import StopAndRequeue, StopTogether
+from project.callbacks.preemption import StopAndRequeue, StopTogether
 
 #: Callbacks imported only when a config or command names them: class name -> module.
 OPTIONAL = {

@@ -5,7 +5,7 @@ from typing import Any
 import lightning as L
 from lightning.pytorch.callbacks import Callback
 
-from project.run import lightning_private as private
+from project import lightning_private as private
 
 
 class BudgetEndValidation(Callback):

@@ -7,8 +7,8 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from project.run import interrupts
-from project.run import lightning_private as private
+from project import lightning_private as private
+from project.callbacks import interrupts
 
 
 class BestAndLastCheckpoint(ModelCheckpoint):
@@ -18,7 +18,7 @@ class BestAndLastCheckpoint(ModelCheckpoint):
     epoch that does not improve the metric, resuming from it silently repeats epochs. This subclass writes
     `last.ckpt` at every save point, every `last_every_n_train_steps` optimizer steps within an epoch (a kill
     loses at most that many steps), and when the run is stopped by SIGTERM (preemption: Lightning stops after
-    the current batch; a first Ctrl-C is turned into one by project.run.interrupts).
+    the current batch; a first Ctrl-C is turned into one by project.callbacks.interrupts).
 
     A best checkpoint's file name says its epoch and monitored value (`epoch004-val_acc0.8123.ckpt`) unless
     `filename` is given; the monitored metric itself is the task's (`ImageTask.monitor`) unless `monitor` is.

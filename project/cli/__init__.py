@@ -26,8 +26,13 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 import project.callbacks  # noqa: F401
 import project.models  # noqa: F401
 from project import SUBCOMMANDS, TOOLS, USAGE, print_commands
-from project.callbacks import EffectiveBatchSize
+from project.callbacks import EffectiveBatchSize, interrupts
 from project.callbacks.budget_end_validation import BudgetEndValidation
+from project.callbacks.interrupts import CtrlCStopsAfterTheBatch
+from project.callbacks.logs_before_checkpoints import LogsBeforeCheckpoints
+from project.callbacks.rng_state import RNGState
+from project.callbacks.run_info import RunInfo
+from project.callbacks.save_config import LoggerSaveConfigCallback
 from project.cli.config import (
     SEED,
     TRAINER_DEFAULTS,
@@ -43,16 +48,13 @@ from project.cli.lightning_notices import quiet_lightning_notices
 from project.cli.trainer_callbacks import applicable_callbacks, stop_on_signals
 from project.data import ImageDataModule
 from project.errors import UserError, find_user_error, innermost_value_error, warn
-from project.run import interrupts
+from project.lightning_private import LightningCLIWithTrainerHook
+from project.loggers.wandb import finish_runs
 from project.run.checkpoints import check_fits, with_atomic_checkpoint_io
-from project.run.interrupts import CtrlCStopsAfterTheBatch
-from project.run.lightning_private import LightningCLIWithTrainerHook
 from project.run.plan import RunPlan, check_accelerator, plan_run, precision_for_this_machine
-from project.run.provenance import LoggerSaveConfigCallback, RNGState, RunInfo
-from project.run.resume import LogsBeforeCheckpoints, keep_csv_metrics
+from project.run.resume import keep_csv_metrics
 from project.run.run_folder import release_run_folders
 from project.run.startup import resume_garbage_collection
-from project.run.wandb_logger import finish_runs
 from project.tasks import ImageTask
 from project.tasks.task import check_task_fits_data
 

@@ -29,7 +29,7 @@ from project.callbacks import (
     WandbDashboard,
     import_named,
 )
-from project.cli.trainer_callbacks import NetworkSummary
+from project.callbacks.network_summary import NetworkSummary
 from project.data import ImageDataModule
 from project.errors import UserError, find_user_error
 from project.run.run_folder import DEFAULT_ROOT_DIR
@@ -49,7 +49,7 @@ TRAINER_DEFAULTS: dict[str, Any] = {
         # Offline unless WANDB_MODE=online (or `offline: false` in a config): no account, no network needed.
         # Lightning's WandbLogger, its run started in the background (off the path to the first step).
         {
-            "class_path": "project.run.wandb_logger.WandbLogger",
+            "class_path": "project.loggers.wandb.WandbLogger",
             "init_args": {"save_dir": DEFAULT_ROOT_DIR, "project": "lightning-template", "offline": True},
         },
     ],

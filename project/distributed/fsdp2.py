@@ -6,7 +6,7 @@ from datetime import timedelta
 from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout  # pyright: ignore[reportPrivateImportUsage]
 from lightning.pytorch.strategies import ModelParallelStrategy
 
-from project.run.lightning_private import set_data_parallel_size
+from project.lightning_private import set_data_parallel_size
 
 
 class FSDP2Strategy(ModelParallelStrategy):

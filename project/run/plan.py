@@ -19,10 +19,10 @@ from lightning.pytorch.utilities import rank_zero_only
 
 from project.atomic_files import check_writable
 from project.errors import UserError, warn
+from project.loggers.wandb import wandb_mode
 from project.run.checkpoints import load_checkpoint, weight_shapes
 from project.run.resume import best_checkpoint, find_run_to_continue, run_settings
 from project.run.run_folder import DEFAULT_ROOT_DIR, claim_run_folder, lock_run_folder, run_folder_of
-from project.run.wandb_logger import wandb_mode
 
 SPECIAL_CKPT_PATHS = ("hpc", "registry")  # resolved by Lightning itself
 

@@ -18,13 +18,11 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-import lightning as L
-from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import CSVLogger
 
 from project.errors import UserError, warn
+from project.lightning_private import restore_csv_rows
 from project.run.checkpoints import load_checkpoint
-from project.run.lightning_private import restore_csv_rows
 from project.run.run_folder import RUNS
 
 LAST_NAME = re.compile(r"^last(-v\d+)?\.ckpt$")  # Lightning versions clashing names as last-v1.ckpt, ...
@@ -140,23 +138,6 @@ def best_checkpoint(last: Path, checkpoint: dict[str, Any]) -> Path:
                 )
             return Path(best)
     raise UserError(f"--ckpt_path best: {last} records no best checkpoint (was a metric monitored?)")
-
-
-class LogsBeforeCheckpoints(Callback):
-    """Writes the loggers' buffered rows to disk before each checkpoint is saved.
-
-    Lightning writes CSVLogger's rows after each of its own logging calls, but rows that callbacks log directly
-    (LearningRateMonitor's, at the start of an epoch) wait in memory for the next one. A process killed after a
-    checkpoint but before that write would lose them, and the run resumed from the checkpoint does not log those
-    steps again. Written here, the logs on disk cover every step a checkpoint holds (`keep_csv_metrics` drops
-    the rows after it).
-    """
-
-    def on_save_checkpoint(
-        self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]
-    ) -> None:
-        for logger in trainer.loggers:
-            logger.save()  # on rank zero; nothing to do for loggers that write as they go
 
 
 def keep_csv_metrics(logger: CSVLogger, before_step: int) -> None:

@@ -26,7 +26,7 @@ from jsonargparse import Namespace
 from project import PACKAGE
 from project.atomic_files import atomic_write_text
 from project.errors import UserError
-from project.run.interrupts import STUDY_RUN_ENV
+from project.callbacks.interrupts import STUDY_RUN_ENV
 
 SETTINGS_FILE = "settings.json"
 #: Forwarded flags the study sets itself for every fit.

@@ -76,7 +76,7 @@ class WandbDashboard(Callback):
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
         # The W&B run starts now, in the background: off the path to the first step, up long before the first
-        # metrics are logged (project.run.wandb_logger.WandbLogger; Lightning's own started at setup).
+        # metrics are logged (project.loggers.wandb.WandbLogger; Lightning's own started at setup).
         start = getattr(self._logger, "start", None) if self._logger is not None else None
         if callable(start):
             start()

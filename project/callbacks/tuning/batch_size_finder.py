@@ -10,7 +10,7 @@ from lightning.pytorch.utilities.parsing import lightning_getattr, lightning_set
 
 from project.callbacks.tuning.shared import rebuild_optimizers, report, stop_after_tuning
 from project.errors import UserError
-from project.run.lightning_private import reload_dataloaders
+from project.lightning_private import reload_dataloaders
 
 BATCH_ARG = "batch_size"
 

@@ -6,7 +6,7 @@ from typing import Any
 import lightning as L
 from lightning.pytorch.loggers import WandbLogger
 
-from project.run import lightning_private
+from project import lightning_private
 
 
 def report(trainer: L.Trainer, message: str, metrics: dict[str, float]) -> None:

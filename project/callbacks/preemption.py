@@ -31,9 +31,9 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+from project import lightning_private as private
+from project.callbacks import interrupts
 from project.errors import UserError, warn
-from project.run import interrupts
-from project.run import lightning_private as private
 
 
 def slurm_job_id() -> str | None:

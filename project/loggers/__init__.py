@@ -1,0 +1,1 @@
+"""Loggers: where a run's metrics go besides its metrics.csv."""
