@@ -10,12 +10,19 @@ import torch
 import yaml
 
 from project import TOOLS
-from project.cli import ProjectCLI, main, parse_fit_args
+from project.cli import build, main, parse_fit_args, run_command
 from project.data import CIFARDataModule, ImageFolderDataModule
 from project.models import CIFARResNet, SimpleCNN
 from tests.conftest import CONFIGS, PACKAGE, ROOT, run_cli
 
-MAIN_CONFIGS = ["cifar10.yaml", "cifar100.yaml", "folder.yaml", "csv.yaml", "csv_multilabel.yaml"]
+MAIN_CONFIGS = [
+    "cifar10.yaml",
+    "cifar100.yaml",
+    "folder.yaml",
+    "csv.yaml",
+    "csv_multilabel.yaml",
+    "csv_regression.yaml",
+]
 # Everything in configs/ but the main configs, the search spaces of `tune` and the W&B sweeps stacks on a main one.
 STACKABLE = sorted(
     str(p.relative_to(CONFIGS))
@@ -38,23 +45,26 @@ def config_args(name: str, tmp_path: Path, image_folder: Path) -> list[str]:
     if name == "folder.yaml":
         args += ["--data.root", str(image_folder), "--data.cache_dir", str(tmp_path / "cache")]
     if name.startswith("csv"):
-        args += ["--data.csv", str(labels_csv(image_folder)), "--data.cache_dir", str(tmp_path / "cache")]
+        csv = labels_csv(image_folder, values=name == "csv_regression.yaml")
+        args += ["--data.csv", str(csv), "--data.cache_dir", str(tmp_path / "cache")]
     return args
 
 
-def labels_csv(image_folder: Path) -> Path:
+def labels_csv(image_folder: Path, values: bool = False) -> Path:
     """`image_folder/labels.csv`: each image of the class folders (the corrupt one left out) and its folder's
-    name (for the multi-label config, a set of one tag)."""
-    rows = [f"{p.relative_to(image_folder)},{p.parent.name}" for p in sorted(image_folder.glob("*/img*"))]
+    name (for the multi-label config, a set of one tag), or with `values` a real value per image."""
+    images = sorted(image_folder.glob("*/img*"))
+    labels = [f"{i / 4:.2f}" for i in range(len(images))] if values else [p.parent.name for p in images]
+    rows = [f"{p.relative_to(image_folder)},{label}" for p, label in zip(images, labels, strict=True)]
     (image_folder / "labels.csv").write_text("path,label\n" + "\n".join(rows) + "\n")
     return image_folder / "labels.csv"
 
 
 @pytest.mark.parametrize("name", MAIN_CONFIGS)
 def test_main_configs_instantiate_with_linked_classes(name, tmp_path, image_folder):
-    cli = ProjectCLI(args=config_args(name, tmp_path, image_folder), run=False)
+    cli = build(config_args(name, tmp_path, image_folder))
     data, model = cli.datamodule, cli.model
-    assert model.hparams.num_classes == data.num_classes
+    assert model.hparams.num_classes == data.num_classes == model.network_outputs
     assert model.class_names == data.class_names
     assert model.example_input_array.shape[1:] == data.input_shape
     # num_classes reached the injected network too: its output has one logit per class.
@@ -72,7 +82,7 @@ def test_stackable_configs_apply_on_top(extra, tmp_path, image_folder):
     if "pretrained" in stacked.get("model", {}).get("net", {}).get("init_args", {}):
         # No download here: tests/test_pretrained.py loads the preset's weights from a local file.
         args += ["--model.net.init_args.pretrained", "false"]
-    cli = ProjectCLI(args=args, run=False)
+    cli = build(args)
     for key, value in stacked.get("trainer", {}).items():
         if key == "logger" and value is False:
             assert not cli.trainer.loggers
@@ -87,7 +97,7 @@ def test_stackable_configs_apply_on_top(extra, tmp_path, image_folder):
 @pytest.mark.parametrize("name", MAIN_CONFIGS)
 def test_print_config_round_trips(name, tmp_path, image_folder, capsys):
     with pytest.raises(SystemExit) as exit_info:
-        ProjectCLI(args=["fit", *config_args(name, tmp_path, image_folder), "--print_config"])
+        run_command(["fit", *config_args(name, tmp_path, image_folder), "--print_config"])
     assert exit_info.value.code in (0, None)
     printed = yaml.safe_load(capsys.readouterr().out)
     assert printed["model"]["init_args"]["net"]["class_path"].startswith(f"{PACKAGE}.models.")
@@ -96,7 +106,7 @@ def test_print_config_round_trips(name, tmp_path, image_folder, capsys):
     saved = tmp_path / "printed.yaml"
     saved.write_text(yaml.safe_dump(printed))
     with pytest.raises(SystemExit):
-        ProjectCLI(args=["fit", "--config", str(saved), "--print_config"])
+        run_command(["fit", "--config", str(saved), "--print_config"])
     assert yaml.safe_load(capsys.readouterr().out) == printed
 
 
@@ -105,26 +115,23 @@ def test_short_and_full_class_paths_are_the_same(tmp_path):
         ("SimpleCNN", "CIFARDataModule"),
         (f"{PACKAGE}.models.SimpleCNN", f"{PACKAGE}.data.CIFARDataModule"),
     ]:
-        cli = ProjectCLI(args=["--model.net", net, "--data", data, "--data.name", "cifar100"], run=False)
+        cli = build(["--model.net", net, "--data", data, "--data.name", "cifar100"])
         assert isinstance(cli.model.net, SimpleCNN) and isinstance(cli.datamodule, CIFARDataModule)
         assert cli.model.net.classifier[-1].out_features == 100
 
 
 def test_command_line_overrides_and_later_configs_win(tmp_path, image_folder):
     args = config_args("cifar10.yaml", tmp_path, image_folder)
-    cli = ProjectCLI(
-        args=[*args, "--model.net.init_args.depth", "34", "--data.init_args.batch_size", "64"], run=False
-    )
+    cli = build([*args, "--model.net.init_args.depth", "34", "--data.init_args.batch_size", "64"])
     assert isinstance(cli.model.net, CIFARResNet) and len(cli.model.net.layer3) == 6
     assert cli.datamodule.batch_size == 64
-    cli = ProjectCLI(args=[*args, "--config", str(CONFIGS / "debug.yaml")], run=False)
+    cli = build([*args, "--config", str(CONFIGS / "debug.yaml")])
     assert cli.trainer.max_epochs == 1 and not cli.trainer.loggers
 
 
 def test_default_loggers_follow_default_root_dir(tmp_path):
-    cli = ProjectCLI(
-        args=["--config", str(CONFIGS / "cifar10.yaml"), "--trainer.default_root_dir", str(tmp_path / "run")],
-        run=False,
+    cli = build(
+        ["--config", str(CONFIGS / "cifar10.yaml"), "--trainer.default_root_dir", str(tmp_path / "run")]
     )
     csv, wandb = cli.trainer.loggers
     assert Path(csv.save_dir) == tmp_path / "run" and Path(wandb.save_dir) == tmp_path / "run"
@@ -133,18 +140,14 @@ def test_default_loggers_follow_default_root_dir(tmp_path):
 
 def test_logger_false_and_no_checkpointing_step_aside(tmp_path):
     base = ["--config", str(CONFIGS / "cifar10.yaml"), "--trainer.default_root_dir", str(tmp_path)]
-    cli = ProjectCLI(
-        args=[*base, "--trainer.logger", "false", "--trainer.enable_checkpointing", "false"], run=False
-    )
+    cli = build([*base, "--trainer.logger", "false", "--trainer.enable_checkpointing", "false"])
     names = {type(c).__name__ for c in cli.trainer.callbacks}
     assert "LearningRateMonitor" not in names and "ModelCheckpoint" not in names
     assert "PredictionWriter" in names
 
 
 def test_folder_config_needs_only_the_root(tmp_path, image_folder):
-    cli = ProjectCLI(
-        args=["--config", str(CONFIGS / "folder.yaml"), "--data.root", str(image_folder)], run=False
-    )
+    cli = build(["--config", str(CONFIGS / "folder.yaml"), "--data.root", str(image_folder)])
     assert isinstance(cli.datamodule, ImageFolderDataModule) and cli.model.class_names == ["c0", "c1", "c2"]
 
 
@@ -213,7 +216,7 @@ def test_tools_parse_a_config_as_fit_does(tmp_path, image_folder):
     for name in ("cifar10.yaml", "cifar100.yaml", "folder.yaml"):
         overrides = ["--data.root", str(image_folder)] if name == "folder.yaml" else []
         _, parsed = parse_fit_args(["--config", str(CONFIGS / name), *overrides])
-        cli = ProjectCLI(args=["--config", str(CONFIGS / name), *overrides], run=False)
+        cli = build(["--config", str(CONFIGS / name), *overrides])
         assert parsed.model == cli.config.model and parsed.data == cli.config.data, name
 
 

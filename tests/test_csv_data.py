@@ -14,6 +14,7 @@ from PIL import Image
 from project.cli import main
 from project.data import ImageCSVDataModule
 from project.data.folds import fold_split, iterative_stratification
+from project.data.targets import Classes, Tags
 from project.errors import UserError
 from tests.conftest import CONFIGS, run_cli
 
@@ -66,7 +67,7 @@ def test_paths_with_or_without_extension_named_columns_and_numeric_labels(tmp_pa
     (tmp_path / "meta").mkdir()
     csv = write_csv(tmp_path / "meta" / "labels.csv", rows, header="id,path,class")
     dm = csv_dm(csv, tmp_path, images=str(tmp_path / "pics"), path_column="path", label_column="class")
-    assert dm.class_names == ["2", "10"] and not dm.multilabel  # numbers sort as numbers
+    assert dm.class_names == ["2", "10"] and isinstance(dm.targets, Classes)  # numbers sort as numbers
     assert [Path(f).name for f in dm.train_files] == ["0.png", "1.png", "2.png", "3.png"]
     assert dm.train_labels == [1, 0, 1, 0]
 
@@ -231,7 +232,9 @@ def test_multilabel_targets_are_float_multi_hot_rows(tmp_path, cache):
     by_tags = csv_dm(csv, tmp_path, label_column="tags", multilabel=True, cache=cache)
     by_columns = csv_dm(csv, tmp_path, label_columns=TAGS, cache=cache)
     assert (
-        by_tags.multilabel and by_columns.multilabel and by_tags.class_names == by_columns.class_names == TAGS
+        isinstance(by_tags.targets, Tags)
+        and isinstance(by_columns.targets, Tags)
+        and by_tags.class_names == by_columns.class_names == TAGS
     )
     batches = []
     for dm in (by_tags, by_columns):
@@ -284,7 +287,7 @@ def test_iterative_stratification_keeps_every_tags_share_in_every_fold(seed):
     assert max(map(len, folds)) - min(map(len, folds)) <= 2
     assert folds == iterative_stratification(list(labels), [0.2] * 5, seed)  # a pure function of its inputs
     assert folds != iterative_stratification(labels, [0.2] * 5, seed + 10)
-    train, val = fold_split(labels, 5, 2, seed, multilabel=True)
+    train, val = fold_split(labels, 5, 2, seed, Tags(tuple(map(str, range(5)))))
     assert val == folds[2] and sorted(train + val) == list(range(150))
 
 

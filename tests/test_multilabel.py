@@ -18,6 +18,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from project.callbacks import PredictionWriter
+from project.data import targets as kinds
 from project.errors import UserError
 from project.export.decoding import Tags, decoder_for
 from project.export.model_export import export_trained
@@ -45,7 +46,7 @@ LOGITS = PROBS.log() - (1 - PROBS).log()
 class TagData(L.LightningDataModule):
     """Outputs-as-inputs: the identity network's 'logits' are the inputs, with multi-hot targets."""
 
-    multilabel = True
+    targets = kinds.Tags(tuple(TAGS))
     class_names = TAGS
     predict_names = ["a.jpg", "b.jpg", "c.jpg", "d.jpg"]
     train_tag_counts = (4, [2, 2])
@@ -141,14 +142,18 @@ def test_predict_writes_each_images_tags_and_probabilities(tmp_path):
 def test_task_and_data_must_agree_on_what_a_target_is(tmp_path):
     single = ImageClassifier(MLP(num_classes=2, input_shape=(3, 4, 4)), num_classes=2, input_shape=None)
     with pytest.raises(
-        UserError, match=r"data is multi-label .*--model project\.tasks\.MultiLabelClassifier"
+        UserError,
+        match=r"data \(TagData\) gives a set of tags per image but model ImageClassifier takes one class per "
+        r"image: train it with --model project\.tasks\.MultiLabelClassifier \(as configs/csv_multilabel\.yaml",
     ):
         trainer(tmp_path).validate(single, datamodule=TagData(), verbose=False)
+    classes = SimpleNamespace(targets=kinds.Classes(tuple(TAGS)))
     with pytest.raises(
-        UserError, match=r"gives one class per image: train it with --model project\.tasks\.ImageClassifier"
+        UserError,
+        match=r"gives one class per image but .*: train it with --model project\.tasks\.ImageClassifier",
     ):
-        check_task_fits_data(identity_task(), SimpleNamespace(multilabel=False))
-    check_task_fits_data(single, SimpleNamespace(multilabel=False))  # agree: nothing to say
+        check_task_fits_data(identity_task(), classes)
+    check_task_fits_data(single, classes)  # agree: nothing to say
     check_task_fits_data(identity_task(), object())  # a DataModule that does not say: not checked
 
 
@@ -266,11 +271,11 @@ def test_evaluation_uses_the_tasks_probabilities_loss_and_metrics():
 
     best = BestModel(identity_task().eval(), Plain(), Path("m.ckpt"), 0, None, None)
     result = evaluate(best, "val")
-    assert torch.allclose(result.probs, PROBS, atol=1e-6) and result.multilabel
+    assert torch.allclose(result.probs, PROBS, atol=1e-6) and isinstance(result.kind, kinds.Tags)
     assert result.metrics == {"val/map": pytest.approx(1.0)}
     assert result.per_class(TAGS) == {"cat": pytest.approx(1.0), "dog": pytest.approx(1.0)}
     assert result.score_name == "map" and result.score == pytest.approx(1.0)
-    ensemble = type(result)(result.probs * torch.tensor([1.0, -1.0]) + 1, result.targets, 0.0)
+    ensemble = type(result)(result.kind, result.probs * torch.tensor([1.0, -1.0]) + 1, result.targets, 0.0)
     assert ensemble.score == pytest.approx((1.0 + (1 / 3 + 2 / 4) / 2) / 2)  # dog: positives 3rd and 4th
 
 
@@ -337,7 +342,11 @@ def test_tagged_csv_fit_predict_export_and_predict_onnx_agree(tmp_path):
     ]  # fmt: skip
     refused = run_cli("fit", *common, "--model", "ImageClassifier", cwd=tmp_path, check=False)
     assert refused.returncode == 1
-    assert refused.stderr.strip().splitlines()[-1].startswith("error: the data is multi-label")
+    assert (
+        refused.stderr.strip()
+        .splitlines()[-1]
+        .startswith("error: the data (ImageCSVDataModule) gives a set of tags per image")
+    )
     run_cli(
         "fit", *common, "--model.pos_weight", "balanced", "--trainer.max_epochs", "8",
         "--trainer.limit_train_batches", "null", "--trainer.limit_val_batches", "null", cwd=tmp_path,

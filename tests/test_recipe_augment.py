@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from project.cli import main
 from project.data import ImageFolderDataModule
 from project.data.augment import mix_batch, random_erasing, random_resized_crop, sample_boxes
+from project.data.targets import Classes, Tags
 from project.errors import UserError
 from project.models import SimpleCNN
 from project.tasks import ImageClassifier
@@ -25,13 +26,17 @@ def folder_dm(root: Path, tmp_path: Path, **kwargs) -> ImageFolderDataModule:
 
 
 # -- MixUp / CutMix ----------------------------------------------------------------------------------------------
+def classes(n: int) -> Classes:
+    return Classes(tuple(map(str, range(n))))
+
+
 @pytest.mark.parametrize("alphas", [(0.4, 0.0), (0.0, 1.0), (0.4, 1.0)])
 def test_mixed_targets_are_probabilities_of_the_two_images_and_repeat_under_the_seed(alphas):
     x, y = torch.rand(16, 3, 8, 8), torch.randint(0, 5, (16,))
     outs = []
     for _ in range(2):
         torch.manual_seed(3)
-        outs.append(mix_batch(x, y, 5, *alphas))
+        outs.append(mix_batch(x, y, classes(5), *alphas))
     (mx, soft), (mx2, soft2) = outs
     assert torch.equal(mx, mx2) and torch.equal(soft, soft2)
     assert soft.shape == (16, 5) and torch.allclose(soft.sum(1), torch.ones(16))
@@ -46,7 +51,7 @@ def test_cutmix_pastes_a_box_of_the_partner_whose_area_is_its_share():
     x = torch.arange(4.0).view(4, 1, 1, 1).expand(4, 1, 16, 16)
     y = torch.arange(4)
     torch.manual_seed(0)
-    mixed, soft = mix_batch(x, y, 4, 0.0, 1.0)
+    mixed, soft = mix_batch(x, y, classes(4), 0.0, 1.0)
     from_partner = (mixed[0] == 3).float().mean()  # image 0's partner is image 3
     assert torch.isclose(soft[0, 3], from_partner) and torch.isclose(soft[0, 0], 1 - from_partner)
 
@@ -54,14 +59,14 @@ def test_cutmix_pastes_a_box_of_the_partner_whose_area_is_its_share():
 def test_multi_hot_rows_are_mixed_the_same_way():
     y = torch.tensor([[1.0, 0, 1], [0, 1, 0], [0, 0, 1], [1, 1, 0]])
     torch.manual_seed(1)
-    _, soft = mix_batch(torch.rand(4, 3, 8, 8), y, 3, 0.4, 0.0)
+    _, soft = mix_batch(torch.rand(4, 3, 8, 8), y, Tags(("a", "b", "c")), 0.4, 0.0)
     lam = float(soft[1, 1])  # image 1 (tag 1 only) is mixed with image 2 (tag 2 only)
     assert torch.allclose(soft, lam * y + (1 - lam) * y.flip(0))
 
 
 def test_no_mixing_when_the_batch_is_not_drawn():
     y = torch.tensor([0, 1])
-    x, soft = mix_batch(torch.rand(2, 3, 4, 4), y, 2, 0.4, 1.0, p=0.0)
+    x, soft = mix_batch(torch.rand(2, 3, 4, 4), y, classes(2), 0.4, 1.0, p=0.0)
     assert torch.equal(soft, F.one_hot(y, 2).float())
 
 

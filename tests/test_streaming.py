@@ -60,7 +60,7 @@ def fit_args(input_dir: Path | str, root: Path, *extra: object) -> list[str]:
 
 def test_prepare_writes_splits_and_metadata(prepared):
     meta = json.loads((prepared / METADATA).read_text())
-    assert meta["classes"] == ["c0", "c1"] and meta["multilabel"] is False
+    assert meta["classes"] == ["c0", "c1"] and meta["targets"] == "classes"
     assert meta["splits"] == {"train": 10, "val": 2}
     assert all(0 < m < 1 for m in meta["mean"]) and all(0 < s < 1 for s in meta["std"])
     data = StreamingImageDataModule(str(prepared), image_size=8, batch_size=4, num_workers=0)
@@ -95,7 +95,7 @@ def test_multilabel_csv_streams_multi_hot_targets(prepared, tmp_path):
           "--data.cache_dir", str(tmp_path / "cache"), "--output_dir", str(out), "--size", "16",
           "--num_workers", "1"])  # fmt: skip
     meta = json.loads((out / METADATA).read_text())
-    assert meta["classes"] == ["both", "c0", "c1"] and meta["multilabel"] is True
+    assert meta["classes"] == ["both", "c0", "c1"] and meta["targets"] == "tags"
     data = StreamingImageDataModule(str(out), image_size=8, batch_size=12, num_workers=0)
     data.setup("validate")
     _, targets = next(iter(data.val_dataloader()))

@@ -9,9 +9,9 @@ import math
 from typing import Any, Literal
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
+from project.data.targets import TargetKind
 from project.errors import UserError
 
 
@@ -150,15 +150,15 @@ def random_erasing(x: Tensor, p: float) -> Tensor:
 
 
 def mix_batch(
-    x: Tensor, targets: Tensor, num_classes: int, mixup_alpha: float, cutmix_alpha: float, p: float = 1.0
+    x: Tensor, targets: Tensor, kind: TargetKind, mixup_alpha: float, cutmix_alpha: float, p: float = 1.0
 ) -> tuple[Tensor, Tensor]:
     """MixUp (Zhang et al., 2018) or CutMix (Yun et al., 2019) of a batch with itself reversed, as timm and
     torchvision's references do: one mixing weight per batch, drawn from Beta(alpha, alpha); with both alphas set,
-    each batch takes one of the two at even odds, and with probability `1 - p` neither. `targets` are class
-    indices (B,) or multi-hot rows (B, C); returns the images and the mixed soft targets (B, C) float, whose rows
-    sum to what the targets' rows did. The draws (scalars) come from the global CPU generator, which checkpoints
+    each batch takes one of the two at even odds, and with probability `1 - p` neither. `targets` are of the
+    `kind` (`project.data.targets`), which says what is mixed (`mixable`: class indices as one-hot rows, tag
+    rows, values); returns the images and the mixed float targets, whose rows sum to what the targets' rows did. The draws (scalars) come from the global CPU generator, which checkpoints
     restore: a resumed run mixes exactly as the run never stopped."""
-    soft = targets.float() if targets.ndim == 2 else F.one_hot(targets, num_classes).float()
+    soft = kind.mixable(targets)
     apply, use_cutmix = torch.rand(2).tolist()
     if apply >= p or (mixup_alpha <= 0 and cutmix_alpha <= 0):
         return x, soft
@@ -286,14 +286,14 @@ class BatchAugmentMixin:
         return random_flip(x) if self.flip else x
 
     def augment_normalized(
-        self, x: Tensor, y: Tensor, train: bool, num_classes: int
+        self, x: Tensor, y: Tensor, train: bool, kind: TargetKind
     ) -> tuple[Tensor, Tensor] | tuple[Tensor, Tensor, Tensor]:
-        """Cutout, random erasing and MixUp/CutMix of a normalised training batch: `(images, targets)`, or for
-        a mixed one `(images, soft targets, targets)`."""
+        """Cutout, random erasing and MixUp/CutMix of a normalised training batch of targets of `kind`:
+        `(images, targets)`, or for a mixed one `(images, mixed targets, targets)`."""
         if not train:
             return x, y
         x = random_erasing(cutout(x, self.cutout), self.random_erasing)
         if not self.mixes:
             return x, y
-        x, soft = mix_batch(x, y, num_classes, self.mixup_alpha, self.cutmix_alpha, self.mix_prob)
+        x, soft = mix_batch(x, y, kind, self.mixup_alpha, self.cutmix_alpha, self.mix_prob)
         return x, soft, y  # the loss takes the soft targets; the training metrics each image's own labels

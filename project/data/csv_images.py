@@ -1,4 +1,4 @@
-"""`ImageCSVDataModule`: images anywhere, their labels in a CSV (one row per image: path, label or tags).
+"""`ImageCSVDataModule`: images anywhere, their labels in a CSV (one row per image: path, label, tags or values).
 
 What a row's labels mean is here; reading the CSV and finding the files it names is project.data.csv_files.
 """
@@ -10,7 +10,8 @@ from typing import Any
 from project.data.csv_files import FileFinder, cell, column, existing_file, read_csv
 from project.data.image_files import ImageFilesDataModule
 from project.data.images import Label, LabelledFiles
-from project.data.label_checks import data_warning, nfc, shown
+from project.data.label_checks import data_warning, nfc, shown, warn_if_values
+from project.data.targets import Classes, Tags, Values
 from project.errors import UserError
 
 #: The values of a label column (`label_columns`) that say an image has, or has not, its tag.
@@ -33,6 +34,9 @@ class ImageCSVDataModule(ImageFilesDataModule):
     `label_separator` (`multilabel: true`), or as one 0/1 column per tag (`label_columns`). The tag names
     are then the class names, and each target is a float32 multi-hot row over them.
 
+    Real values (regression, `values: true`) come as a number in the label column (its output is named `value`),
+    or as one number per column of `label_columns` (each output named after its column).
+
     Every error names the CSV, the row (as a spreadsheet numbers it: the header is row 1) and the value.
 
     Args:
@@ -45,9 +49,10 @@ class ImageCSVDataModule(ImageFilesDataModule):
         path_column: The name of the column of image paths. Default: the first column.
         label_column: The name of the column of labels (or tags). Default: the second column.
         multilabel: The label column holds each image's tags, separated by `label_separator` (none is allowed).
+        values: The label column (or each of `label_columns`) holds a real number per image: a regression target.
         label_separator: What separates tags in the label column. Default: any whitespace.
         label_columns: Columns of 0/1 values, one per tag, in the order the model's outputs take (implies
-            multi-label; `label_column` is not read).
+            multi-label unless `values`, when they hold real values; `label_column` is not read).
         **kwargs: The image, cache, split and loader settings of `ImageFilesDataModule` (image_size, cache,
             val_fraction, num_folds, batch_size, ...).
     """
@@ -62,6 +67,7 @@ class ImageCSVDataModule(ImageFilesDataModule):
         path_column: str | None = None,
         label_column: str | None = None,
         multilabel: bool = False,
+        values: bool = False,
         label_separator: str | None = None,
         label_columns: list[str] | None = None,
         **kwargs: Any,
@@ -78,7 +84,12 @@ class ImageCSVDataModule(ImageFilesDataModule):
             raise UserError(
                 "give data.label_column (one column of labels) or data.label_columns (0/1 columns), not both"
             )
-        if label_columns is not None and len(label_columns) < 2:
+        if multilabel and values:
+            raise UserError(
+                "data.multilabel and data.values are both true: a label column holds tags (multilabel) or real "
+                "values (values), not both"
+            )
+        if label_columns is not None and len(label_columns) < 2 and not values:
             raise UserError(
                 f"data.label_columns names {len(label_columns)} column(s) ({', '.join(label_columns)}): a "
                 "multi-label model needs at least two tags, one 0/1 column each; for one tag, give each image one "
@@ -90,14 +101,10 @@ class ImageCSVDataModule(ImageFilesDataModule):
                 "split tags at whitespace"
             )
         self.path_column, self.label_column, self.label_columns = path_column, label_column, label_columns
-        self._multilabel = multilabel or label_columns is not None
+        self.target_kind = Values if values else Tags if multilabel or label_columns is not None else Classes
         self.label_separator = label_separator
         self._finder = FileFinder(self.images)
         super().__init__(**kwargs)
-
-    @property
-    def multilabel(self) -> bool:
-        return self._multilabel
 
     def scan(self, split: str) -> LabelledFiles | None:
         if split not in self.csvs:
@@ -142,7 +149,7 @@ class ImageCSVDataModule(ImageFilesDataModule):
             stamps.append(stamp)
             written.append(label)
             row_numbers.append(row)
-        if split == "train" and self.label_columns is None:
+        if split == "train" and self.label_columns is None and self.target_kind is Classes:
             self._check_label_shape(path, row_numbers, written)
         if empty := [row for row, label in zip(row_numbers, written, strict=True) if label == ""]:
             more = f" (and {len(empty) - 1} more row(s))" if len(empty) > 1 else ""
@@ -180,9 +187,14 @@ class ImageCSVDataModule(ImageFilesDataModule):
     # -- reading labels ------------------------------------------------------------------------------------------
     def _label(
         self, path: Path, header: list[str], row: int, cells: list[str], at: list[int]
-    ) -> str | tuple[str, ...]:
-        """A row's label (single-label) or its tags (multi-label), as written; `at`: the label column(s)."""
+    ) -> str | tuple[str, ...] | tuple[float, ...]:
+        """A row's label (single-label), its tags (multi-label) as written, or its values; `at`: the label
+        column(s)."""
         values = [cell(path, row, cells, i, header) for i in at]
+        if self.target_kind is Values:
+            return tuple(
+                self._value(path, row, header[i], value) for i, value in zip(at, values, strict=True)
+            )
         if self.label_columns is not None:
             for name, value in zip(self.label_columns, values, strict=True):
                 if value not in ONE | ZERO:
@@ -190,10 +202,20 @@ class ImageCSVDataModule(ImageFilesDataModule):
                         f"{path} row {row}: column {name!r} holds {shown(value)}; label_columns hold 0 or 1"
                     )
             return tuple(name for name, value in zip(self.label_columns, values, strict=True) if value in ONE)
-        if self.multilabel:
+        if self.target_kind is Tags:
             tags = {tag.strip() for tag in values[0].split(self.label_separator) if tag.strip()}
             return tuple(sorted(map(self._named, tags)))
         return self._named(values[0])  # empty: told after the whole CSV is read
+
+    @staticmethod
+    def _value(path: Path, row: int, column_name: str, written: str) -> float:
+        try:
+            return Values.read(written)
+        except ValueError as e:
+            raise UserError(
+                f"{path} row {row}: the value {shown(written)} in column {column_name!r} {e}: data.values true "
+                "reads a real number per image (a CSV of class names takes configs/csv.yaml)"
+            ) from None
 
     def _named(self, written: str) -> str:
         """A label (or tag) as written, in Unicode's composed form (NFC); its written forms noted."""
@@ -207,28 +229,31 @@ class ImageCSVDataModule(ImageFilesDataModule):
         """The class (or tag) names, from the training CSV's labels."""
         if self.label_columns is not None:
             return list(self.label_columns)
-        names = {tag for tags in written for tag in tags} if self.multilabel else set(written)
-        if self.multilabel and len(names) < 2:
+        if self.target_kind is Values:
+            return ["value"]
+        tagged = self.target_kind is Tags
+        names = {tag for tags in written for tag in tags} if tagged else set(written)
+        if tagged and len(names) < 2:
             which = "no row has a tag" if not names else f"every tag is {shown(next(iter(names)))}"
             raise UserError(
                 f"{path}: {which} in column {column_name!r}: a multi-label model needs at least two tags; for one "
                 "tag, give each image one of two labels (has it, or not) and use configs/csv.yaml"
             )
-        if self.multilabel:
+        if tagged:
             self._warn_tag_separators(path, names, rows, written)
         elif len(names) < 2:
             raise UserError(
                 f"{path} has {len(names)} distinct label(s) ({', '.join(map(shown, names))}): a classifier needs "
                 "at least two"
             )
+        else:
+            warn_if_values(sorted(names), str(path))
         numeric = all(re.fullmatch(r"-?[0-9]+", n) for n in names)  # ASCII digits only: int() reads "²" too
         return sorted(names, key=lambda n: (int(n), n) if numeric else (0, n))
 
     def _check_label_shape(self, path: Path, rows: list[int], written: list[Any]) -> None:
         """A UserError when a single-label CSV holds several tags per cell (labels `blue round` beside `blue`
         and `round`, or `round blue`): trained as one class per combination, they would mean nothing."""
-        if self.multilabel:
-            return
         first_row: dict[str, int] = {}
         for row, label in zip(rows, written, strict=True):
             first_row.setdefault(label, row)
@@ -267,18 +292,22 @@ class ImageCSVDataModule(ImageFilesDataModule):
         )
 
     def _indices(self, path: Path, rows: list[int], written: list[Any], classes: list[str]) -> list[Label]:
-        """Labels as class indices (tags as tuples of indices); a UserError for one the training CSV lacks."""
+        """Labels as class indices (tags as tuples of indices, values as they are); a UserError for a class or
+        tag the training CSV lacks."""
+        if self.target_kind is Values:
+            return list(written)
+        tagged = self.target_kind is Tags
         index = {name: i for i, name in enumerate(classes)}
         labels: list[Label] = []
         for row, label in zip(rows, written, strict=True):
-            for name in label if self.multilabel else (label,):
+            for name in label if tagged else (label,):
                 if name not in index:
                     raise UserError(
                         f"{path} row {row}: label {shown(name)} is not among the labels of the training CSV "
                         f"{self.csvs['train']} ({', '.join(classes[:20])}{' ...' if len(classes) > 20 else ''}); "
                         "correct it, or add images of it to the training CSV"
                     )
-            labels.append(tuple(index[t] for t in label) if self.multilabel else index[label])
+            labels.append(tuple(index[t] for t in label) if tagged else index[label])
         return labels
 
     def _warn_overlap(self, path: Path, files: list[str], rows: list[int]) -> None:
@@ -319,5 +348,5 @@ class ImageCSVDataModule(ImageFilesDataModule):
         return files
 
 
-def _show(label: str | tuple[str, ...]) -> str:
-    return shown(label if isinstance(label, str) else " ".join(label))
+def _show(label: str | tuple[str, ...] | tuple[float, ...]) -> str:
+    return shown(label if isinstance(label, str) else " ".join(map(str, label)))

@@ -12,6 +12,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from project.data.augment import BatchAugmentMixin, normalize
 from project.data.samplers import ResumableLoader, ResumableSampler, ShardSampler, run_seed
+from project.data.targets import Classes, TargetKind
 from project.data.tensor_dataset import TensorImageDataset, collate_pre_batched
 from project.errors import UserError
 
@@ -41,8 +42,9 @@ def per_device_batch_size(
 class ImageDataModule(BatchAugmentMixin, L.LightningDataModule):
     """Base class: subclasses fill `train_set`, `val_set`, `test_set`, `predict_set` in `setup`.
 
-    Batches leave the DataLoader as `(uint8 images (B, C, H, W), targets)`: int64 labels (B,), or for
-    multi-label data (`multilabel`) float32 multi-hot rows (B, num_classes). After they reach the
+    Batches leave the DataLoader as `(uint8 images (B, C, H, W), targets)`, the targets of the data's kind
+    (`targets`, `project.data.targets`): int64 labels (B,), float32 multi-hot rows (B, tags) for multi-label data,
+    float32 values (B, values) for regression. After they reach the
     device, `on_after_batch_transfer` augments training batches (`BatchAugmentMixin`: crop, flip and the optional
     regularisers, independent per image; a mixed batch gains soft targets) and brings every batch to the
     network's input size and normalises it, on the GPU when there is one. Prediction batches carry each
@@ -127,20 +129,19 @@ class ImageDataModule(BatchAugmentMixin, L.LightningDataModule):
     @property
     def class_names(self) -> list[str]:
         """The name of each output of the model, in order: the classes of single-label data (target i is the
-        class `class_names[i]`), or the tags of multi-label data (column i of a target is tag `class_names[i]`).
-        Every DataModule provides it."""
+        class `class_names[i]`), the tags of multi-label data (column i of a target is tag `class_names[i]`), or
+        the names of the values of regression data. Every DataModule provides it."""
         raise NotImplementedError
 
     @property
-    def num_classes(self) -> int:
-        """The number of outputs: classes, or tags for multi-label data."""
-        return len(self.class_names)
+    def targets(self) -> TargetKind:
+        """The kind of the targets (one class per image by default), over `class_names`."""
+        return Classes(tuple(self.class_names))
 
     @property
-    def multilabel(self) -> bool:
-        """Whether an image may have any number of the `class_names` (float32 multi-hot targets) instead of
-        exactly one (int64 class indices)."""
-        return False
+    def num_classes(self) -> int:
+        """The number of network outputs the targets imply (one per class, tag or value)."""
+        return self.targets.outputs
 
     @property
     def input_shape(self) -> tuple[int, int, int]:
@@ -252,7 +253,7 @@ class ImageDataModule(BatchAugmentMixin, L.LightningDataModule):
                 torch.tensor(key[2], device=x.device),
             )
         x = normalize(x, *self._norm_cache[key])
-        return self.augment_normalized(x, y, train, self.num_classes)
+        return self.augment_normalized(x, y, train, self.targets)
 
     def _input_size(self, x: Tensor) -> tuple[int, int]:
         """The network's input (height, width): the batch's own when the DataModule does not say."""
@@ -270,6 +271,10 @@ class ImageDataModule(BatchAugmentMixin, L.LightningDataModule):
         epoch = trainer.current_epoch if trainer is not None and training else 0
         return self.transform_batch(tuple(batch), train=training, epoch=epoch)
 
+    def has_test_split(self) -> bool:
+        """Whether the data holds images kept apart for testing: `fit` tests its best checkpoint on them."""
+        return True
+
     def use_network_stats(self, stats: tuple[Sequence[float], Sequence[float]] | None) -> None:
         """Normalise with the per-channel mean and std a pretrained network's weights were trained with (its
         `input_stats()`; None: the network has none), unless the config set `data.mean`/`data.std`."""
@@ -284,7 +289,7 @@ class ImageDataModule(BatchAugmentMixin, L.LightningDataModule):
             "mean": list(self.mean),
             "std": list(self.std),
             "class_names": list(self.class_names),
-            "multilabel": self.multilabel,
+            "targets": self.targets.kind,
             "source_size": self.source_size or self.input_shape[1],
             "eval_crop": self.eval_crop,
         }

@@ -1,9 +1,10 @@
 """Stratified k-fold splits: a pure function of the labels, the number of folds and the seed.
 
 Nothing else goes in (no rank, no time, no file order beyond the labels' own order), so every rerun and every
-DDP process computes the same folds. Single-label data is stratified per class (`stratified_folds`);
-multi-label data, where one image counts towards several tags, by iterative stratification
-(`iterative_stratification`), which also makes multi-label validation splits.
+DDP process computes the same folds. What stratifies them is the kind of target's (`project.data.targets`):
+classes are stratified per class and real values per quantile bin (`stratified_folds`); tag sets, where one
+image counts towards several tags, by iterative stratification (`iterative_stratification`), which also makes
+multi-label validation splits.
 """
 
 from collections.abc import Sequence
@@ -12,6 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from project.data.targets import TargetKind
 from project.errors import UserError
 
 
@@ -27,22 +29,19 @@ def check_fold_args(num_folds: int | None, fold: int) -> None:
         raise UserError(f"data.fold={fold} is outside [0, {num_folds}) (data.num_folds={num_folds})")
 
 
-def check_class_counts(
-    labels: Sequence[Any], num_folds: int, class_names: Sequence[str], multilabel: bool = False
-) -> None:
+def check_class_counts(labels: Sequence[Any], num_folds: int, targets: TargetKind) -> None:
     """A UserError naming the first class (or tag) with fewer images than folds (each fold needs one of every
-    class, and each multi-label fold one image with every tag)."""
-    if multilabel:
-        counts = [0] * len(class_names)
-        for tags in labels:
-            for t in tags:
-                counts[t] += 1
-    else:
-        counts = torch.bincount(
-            torch.as_tensor(labels, dtype=torch.long), minlength=len(class_names)
-        ).tolist()
-    kind, on = ("tag", "is on") if multilabel else ("class", "has")
-    for name, count in zip(class_names, counts, strict=True):
+    class, and each multi-label fold one image with every tag), or, for values, fewer images than folds."""
+    counts = targets.counts(labels)
+    if counts is None:
+        if len(labels) < num_folds:
+            raise UserError(
+                f"the training split has {len(labels)} image(s), fewer than data.num_folds={num_folds}: every "
+                "fold needs at least one; add images or choose fewer folds"
+            )
+        return
+    kind, on = targets.noun, "is on" if targets.kind == "tags" else "has"  # an image has one class, many tags
+    for name, count in zip(targets.names, counts, strict=True):
         if count < num_folds:
             raise UserError(
                 f"{kind} {name!r} {on} {count} image(s), fewer than data.num_folds={num_folds}: every fold needs "
@@ -113,31 +112,30 @@ def stratified_folds(labels: Sequence[int], num_folds: int, seed: int) -> list[l
     return [sorted(f) for f in folds]
 
 
+def make_folds(
+    labels: Sequence[Any], num_folds: int, seed: int, targets: TargetKind | None = None
+) -> list[list[int]]:
+    """The indices of each fold of `labels`, of the kind `targets` (default: class indices), which says what
+    stratifies them (`TargetKind.strata`; none: tag sets, dealt by iterative stratification)."""
+    strata = list(labels) if targets is None else targets.strata(labels)
+    if strata is None:
+        return iterative_stratification(labels, [1 / num_folds] * num_folds, seed)
+    return stratified_folds(strata, num_folds, seed)
+
+
 def fold_split(
-    labels: Sequence[Any],
-    num_folds: int,
-    fold: int,
-    seed: int,
-    class_names: Sequence[str] | None = None,
-    multilabel: bool = False,
+    labels: Sequence[Any], num_folds: int, fold: int, seed: int, targets: TargetKind | None = None
 ) -> tuple[list[int], list[int]]:
-    """(train indices, validation indices): fold `fold` validates, the other folds train. With `class_names`,
-    first a UserError naming any class with fewer images than folds. `labels` are class indices, or for
-    `multilabel` each image's tag indices (folded by iterative stratification)."""
-    if class_names is not None:
-        check_class_counts(labels, num_folds, class_names, multilabel)
-    if multilabel:
-        folds = iterative_stratification(labels, [1 / num_folds] * num_folds, seed)
-    else:
-        folds = stratified_folds(labels, num_folds, seed)
+    """(train indices, validation indices): fold `fold` of `make_folds` validates, the other folds train."""
+    folds = make_folds(labels, num_folds, seed, targets)
     train = sorted(i for k, f in enumerate(folds) if k != fold for i in f)
     return train, folds[fold]
 
 
 class KFoldMixin:
     """`num_folds` and `fold` for a DataModule (listed before `ImageDataModule` among its bases): its training
-    images split into stratified folds, seeded by `data.seed`, one of which validates (`fold_indices`); for
-    multi-label data the folds keep every tag's share (`iterative_stratification`).
+    images split into stratified folds, seeded by `data.seed`, one of which validates (`fold_indices`): by
+    class, by quantile bins of real values, or keeping every tag's share (`iterative_stratification`).
 
     Args:
         num_folds: Split the training images into this many stratified folds (seeded by `seed`) instead of
@@ -152,11 +150,11 @@ class KFoldMixin:
 
     #: What the DataModule this is mixed into provides.
     seed: int
-    class_names: list[str]
-    multilabel: bool
+    targets: TargetKind
 
     def fold_indices(self, labels: Sequence[Any]) -> tuple[list[int], list[int]]:
         """(train indices, validation indices) of fold `fold`; a UserError for a class smaller than the folds."""
         if self.num_folds is None:
             raise RuntimeError("fold_indices needs data.num_folds")
-        return fold_split(labels, self.num_folds, self.fold, self.seed, self.class_names, self.multilabel)
+        check_class_counts(labels, self.num_folds, self.targets)
+        return fold_split(labels, self.num_folds, self.fold, self.seed, self.targets)

@@ -30,10 +30,10 @@ from project.data.images import (
     Label,
     LabelledFiles,
     check_image,
-    label_targets,
     list_images,
 )
 from project.data.label_checks import check_class_names
+from project.data.targets import Classes, Tags, TargetKind
 from project.data.tensor_dataset import TensorImageDataset
 from project.errors import UserError, warn
 
@@ -47,8 +47,9 @@ class ImageFilesDataModule(KFoldMixin, ImageDataModule):
 
     Subclasses implement `scan(split)`: the files of `train` (required), `val` and `test` (None when the source
     has no such split: validation is then split off the training files by `val_fraction`, stratified and seeded,
-    and testing falls back to validation). A multi-label source also says `multilabel` (its labels are then
-    each image's tags), and its validation splits and folds keep every tag's share. A subclass sets what `scan`
+    and testing falls back to validation). A source also says the kind of its labels (`target_kind`,
+    `project.data.targets`: classes by default, or each image's tags, or its real values), which says how they
+    are encoded and what stratifies the validation split and the folds. A subclass sets what `scan`
     needs before calling `__init__`, which scans the training split at once: its class names are linked into
     the model, and its checks run before anything trains.
 
@@ -78,6 +79,9 @@ class ImageFilesDataModule(KFoldMixin, ImageDataModule):
         **kwargs: `num_folds` and `fold` (k-fold cross-validation over the training images, see `KFoldMixin`),
             and the loader and augmentation settings of `ImageDataModule` (batch_size, num_workers, ...).
     """
+
+    #: The kind of the labels `scan` gives (a source whose settings choose it sets it before `__init__`).
+    target_kind: type[TargetKind] = Classes
 
     def __init__(
         self,
@@ -118,8 +122,9 @@ class ImageFilesDataModule(KFoldMixin, ImageDataModule):
         self._bad: dict[str, dict[int, str]] = {}  # unreadable files of a split, without the cache
         self._bad_told: set[str] = set()  # the splits whose unreadable files were named
         train = self.scanned("train")
-        kind = "tag" if self.multilabel else "class"
-        check_class_names(train.classes, self._counts(train), self.labels_source(), kind)
+        counts = self.targets.counts(train.labels)
+        if counts is not None:  # names that group images (classes, tags), not the names of values
+            check_class_names(train.classes, counts, self.labels_source(), self.targets.noun)
         has_val = self.scanned("val") is not None
         self.scanned("test")  # its labels checked against training's now, not after the whole fit
         if not has_val and not 0.0 < val_fraction < 1.0:
@@ -130,7 +135,7 @@ class ImageFilesDataModule(KFoldMixin, ImageDataModule):
         if self.num_folds is not None:
             if has_val:
                 raise UserError(self.folds_with_val_split())
-            check_class_counts(train.labels, self.num_folds, train.classes, self.multilabel)
+            check_class_counts(train.labels, self.num_folds, self.targets)
         self._given_stats = mean is not None and std is not None
         if mean is not None and std is not None:
             self.mean, self.std = tuple(mean), tuple(std)
@@ -139,7 +144,7 @@ class ImageFilesDataModule(KFoldMixin, ImageDataModule):
     def scan(self, split: str) -> LabelledFiles | None:
         """The files and labels of `split` (`train`, `val`, `test`), or None when the source has no such split.
         The classes of `val` and `test` must be those of `train`, in the same order. For multi-label data each
-        label is the tuple of the image's tag indices."""
+        label is the tuple of the image's tag indices, for values the tuple of its values."""
         raise NotImplementedError
 
     def labels_source(self) -> str:
@@ -159,6 +164,10 @@ class ImageFilesDataModule(KFoldMixin, ImageDataModule):
         return self.scanned("train").classes
 
     @property
+    def targets(self) -> TargetKind:
+        return self.target_kind(tuple(self.class_names))
+
+    @property
     def input_shape(self) -> tuple[int, int, int]:
         return (3, self.image_size, self.image_size)
 
@@ -169,32 +178,25 @@ class ImageFilesDataModule(KFoldMixin, ImageDataModule):
 
     @property
     def train_labels(self) -> list[Label]:
-        """The labels of `train_files`: class indices, or each image's tag indices for multi-label data."""
+        """The labels of `train_files`: class indices, each image's tag indices, or its values."""
         return self.scanned("train").labels
 
     @property
-    def train_tag_counts(self) -> tuple[int, list[int]] | None:
-        """(images, positives per tag) of the part that trains (after the validation split or fold), for a
-        multi-label task's balanced loss weights; None for single-label data."""
-        if not self.multilabel:
-            return None
+    def train_targets(self) -> torch.Tensor:
+        """The encoded targets of the part that trains (after the validation split or fold): what a task
+        derives its loss's weights or scale from."""
         labels = self.train_labels
         rows = range(len(labels)) if self.has_split("val") else self._split()[0]
-        positives = [0] * len(self.class_names)
-        for i in rows:
-            for tag in labels[i]:  # pyright: ignore[reportGeneralTypeIssues]  # tag indices (multi-label)
-                positives[tag] += 1
-        return len(rows), positives
+        return self.targets.encode([labels[i] for i in rows])
 
-    def _counts(self, scan: LabelledFiles) -> list[int]:
-        """Images per class (or per tag) of `scan`."""
-        if not self.multilabel:
-            return np.bincount(np.asarray(scan.labels, dtype=np.int64), minlength=len(scan.classes)).tolist()
-        counts = [0] * len(scan.classes)
-        for tags in scan.labels:
-            for tag in tags:  # pyright: ignore[reportGeneralTypeIssues]  # tag indices (multi-label)
-                counts[tag] += 1
-        return counts
+    @property
+    def train_tag_counts(self) -> tuple[int, list[int]] | None:
+        """(images, positives per tag) of the part that trains, for a multi-label task's balanced loss weights;
+        None for other targets."""
+        if not isinstance(self.targets, Tags):
+            return None
+        targets = self.train_targets
+        return len(targets), targets.sum(0).long().tolist()
 
     # -- building the splits --------------------------------------------------------------------------------
     def scanned(self, split: str) -> Any:
@@ -202,6 +204,9 @@ class ImageFilesDataModule(KFoldMixin, ImageDataModule):
         if split not in self._scans:
             self._scans[split] = self.scan(split)
         return self._scans[split]
+
+    def has_test_split(self) -> bool:
+        return self.has_split("test")
 
     def has_split(self, split: str) -> bool:
         return self.scanned(split) is not None
@@ -220,7 +225,7 @@ class ImageFilesDataModule(KFoldMixin, ImageDataModule):
     def _dataset(self, split: str, indices: list[int] | None = None, train: bool = False) -> Dataset:
         """The images of `split` (train, val, test), or the rows `indices` of it; `train`: the training set."""
         files = self.scanned(split).files
-        targets = label_targets(self.scanned(split).labels, self.num_classes, self.multilabel)
+        targets = self.targets.encode(self.scanned(split).labels)
         indices = list(range(len(files))) if indices is None else indices
         augment = v2.TrivialAugmentWide() if self.trivial_augment and split == "train" and train else None
         if self.cache:
@@ -254,20 +259,22 @@ class ImageFilesDataModule(KFoldMixin, ImageDataModule):
         labels = self.scanned("train").labels
         if self.num_folds is not None:
             return self.fold_indices(labels)
-        if self.multilabel:
+        strata = self.targets.strata(labels)
+        if strata is None:  # tag sets
             train_idx, val_idx = iterative_stratification(
                 labels, [1 - self.val_fraction, self.val_fraction], self.seed
             )
         else:
-            train_idx, val_idx = self._class_split(labels)
+            train_idx, val_idx = self._class_split(strata)
         if not val_idx:
+            noun = self.targets.noun
             why, change = (
-                ("", "raise data.val_fraction")
-                if self.multilabel
-                else (
-                    " and a class with one image keeps it for training",
-                    "give every class two images or more",
+                (
+                    f" and a {noun} with one image keeps it for training",
+                    f"give every {noun} two images or more",
                 )
+                if strata is not None and self.targets.counts(labels) is not None
+                else ("", "raise data.val_fraction")
             )
             raise UserError(
                 f"data.val_fraction={self.val_fraction} leaves no image to validate on: the training split has "
@@ -276,12 +283,13 @@ class ImageFilesDataModule(KFoldMixin, ImageDataModule):
             )
         return train_idx, val_idx
 
-    def _class_split(self, labels: list[int]) -> tuple[list[int], list[int]]:
-        """`val_fraction` of each class (at least one, never all) for validation, drawn by `seed`."""
+    def _class_split(self, strata: list[int]) -> tuple[list[int], list[int]]:
+        """`val_fraction` of each stratum (a class, a bin of values: at least one, never all) for validation,
+        drawn by `seed`."""
         g = torch.Generator().manual_seed(self.seed)
-        label_array = np.asarray(labels)  # numpy's masks: torch.nonzero is far slower on CPU
+        label_array = np.asarray(strata)  # numpy's masks: torch.nonzero is far slower on CPU
         train_idx, val_idx = [], []
-        for c in range(len(self.class_names)):
+        for c in range(max(strata, default=-1) + 1):
             idx = np.flatnonzero(label_array == c)
             idx = idx[torch.randperm(len(idx), generator=g).numpy()].tolist()
             n_val = min(len(idx) - 1, max(1, round(self.val_fraction * len(idx)))) if len(idx) > 1 else 0

@@ -13,19 +13,17 @@ from PIL import Image, UnidentifiedImageError
 from torch.utils.data import Dataset
 
 from project.data.label_checks import data_warning, nfc
+from project.data.targets import Label
 from project.errors import UserError
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp", ".gif")
 
 
-#: One image's label: its class index, or, for multi-label data, the indices of the tags it has (maybe none).
-Label = int | tuple[int, ...]
-
-
 class LabelledFiles(NamedTuple):
     """Image files with their labels, as a data source lists them (a scan of class folders, a CSV): files
-    (absolute paths, as strings: a Path per file would cost more than the scan) and labels in order, the class
-    (or tag) names, each file's (size, modification time) as the scan saw them, which the image cache is keyed
+    (absolute paths, as strings: a Path per file would cost more than the scan) and labels in order (of the
+    source's kind of target, `project.data.targets`), the class (or tag, or value) names, each file's (size,
+    modification time) as the scan saw them, which the image cache is keyed
     by, and `source_key`: whatever else the cache is keyed by (a hash of the CSV the labels come from)."""
 
     files: list[str]
@@ -33,17 +31,6 @@ class LabelledFiles(NamedTuple):
     classes: list[str]
     stamps: list[tuple[int, int]]
     source_key: str = ""
-
-
-def label_targets(labels: Sequence[Label], num_classes: int, multilabel: bool) -> torch.Tensor:
-    """The training targets of `labels`: int64 class indices (N,), or for multi-label data float32 multi-hot
-    rows (N, num_classes), as BCE-with-logits losses and torchmetrics' multilabel metrics take them."""
-    if not multilabel:
-        return torch.as_tensor(labels, dtype=torch.long)
-    targets = torch.zeros(len(labels), num_classes, dtype=torch.float32)
-    for row, tags in enumerate(labels):
-        targets[row, list(tags)] = 1.0  # pyright: ignore[reportArgumentType]  # multi-label: a tuple of tags
-    return targets
 
 
 def list_images(folder: Path) -> list[Path]:

@@ -43,7 +43,6 @@ from project.data.prepare_sources import (
     fold_order,
     mean_std,
     read_source,
-    target_of,
 )
 from project.data.streaming_metadata import (
     FORMAT,
@@ -576,11 +575,11 @@ def _write_splits(
     from project.data.datamodule import available_cpus
 
     workers = num_workers or available_cpus()
-    classes, multilabel = source.classes, source.multilabel
+    classes, targets = source.classes, source.targets
     counts: dict[str, int] = {}
     for split, (files, labels) in source.splits.items():
         items = [
-            (f, target_of(y, len(classes), multilabel), size, quality, source.max_pixels, i)
+            (f, targets.stored(y), size, quality, source.max_pixels, i)
             for i, (f, y) in enumerate(zip(files, labels, strict=True))
         ]
         with _ending_children():
@@ -600,7 +599,7 @@ def _write_splits(
     return {
         "format": FORMAT,
         "classes": classes,
-        "multilabel": multilabel,
+        "targets": targets.kind,
         "splits": counts,
         # Fold k of the training split is its samples sum(sizes[:k]) to sum(sizes[:k + 1]).
         "folds": None if fold_sizes is None else {"seed": source.seed, "sizes": fold_sizes},

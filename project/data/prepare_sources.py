@@ -15,9 +15,10 @@ import numpy as np
 import torch
 from PIL import Image
 
-from project.data.folds import check_class_counts, iterative_stratification, stratified_folds
+from project.data.folds import check_class_counts, make_folds
 from project.data.image_cache import drop_bad
 from project.data.images import MAX_IMAGE_PIXELS, _high_depth_to_8bit, check_image, decode_image, open_image
+from project.data.targets import TargetKind
 from project.errors import UserError, warn
 
 #: Training images the mean and std are computed over (an even spread of the split), at most.
@@ -29,7 +30,7 @@ class SourceSplits:
     """The splits of a source: split -> (items, labels), with what the metadata records about them."""
 
     classes: list[str]
-    multilabel: bool
+    targets: TargetKind
     splits: dict[str, tuple[list[Any], list[Any]]]
     max_pixels: int
     image_size: int
@@ -78,7 +79,7 @@ def _image_files(data: Any) -> SourceSplits:
         keep = drop_bad(list(range(len(files))), bad, files, data.skip_corrupt)
         splits[split] = ([files[i] for i in keep], [labels[i] for i in keep])
     return SourceSplits(
-        data.class_names, data.multilabel, splits, pixels, data.image_size, data.seed, type(data).__name__
+        data.class_names, data.targets, splits, pixels, data.image_size, data.seed, type(data).__name__
     )
 
 
@@ -91,7 +92,9 @@ def _cifar(data: Any) -> SourceSplits:
         rows = dataset.indices.tolist()
         images = dataset.images.permute(0, 2, 3, 1).numpy()  # (N, 32, 32, 3): views, no copy
         splits[split] = ([images[i] for i in rows], dataset.targets[rows].tolist())
-    return SourceSplits(data.class_names, False, splits, MAX_IMAGE_PIXELS, 32, data.seed, type(data).__name__)
+    return SourceSplits(
+        data.class_names, data.targets, splits, MAX_IMAGE_PIXELS, 32, data.seed, type(data).__name__
+    )
 
 
 def encode_sample(item: tuple[Any, Any, int | None, int, int, int]) -> dict[str, Any]:
@@ -130,15 +133,6 @@ def _resize_shorter(im: Image.Image, side: int) -> np.ndarray:
     return np.asarray(im)
 
 
-def target_of(label: Any, num_classes: int, multilabel: bool) -> Any:
-    """The stored target: the class index, or a multi-hot uint8 row of the image's tags."""
-    if not multilabel:
-        return int(label)
-    row = np.zeros(num_classes, dtype=np.uint8)
-    row[list(label)] = 1
-    return row
-
-
 def mean_std(items: list[Any], size: int, max_pixels: int) -> tuple[list[float], list[float]]:
     """Per-channel mean and std in [0, 1] over an even spread of at most STATS_SAMPLES of `items`, files decoded
     at `size` (the statistics of what the network will see, up to the crop), arrays as they are."""
@@ -171,14 +165,11 @@ def fold_order(source: SourceSplits, num_folds: int | None) -> tuple[list[int], 
         if num_folds < 2:
             raise UserError(f"--num_folds must be at least 2 (or null for no folds), got {num_folds}")
         try:
-            check_class_counts(labels, num_folds, source.classes, source.multilabel)
+            check_class_counts(labels, num_folds, source.targets)
         except UserError as e:
             warn(f"no folds recorded ({e}); prepare again with a smaller --num_folds to cross-validate")
         else:
-            if source.multilabel:
-                folds = iterative_stratification(labels, [1 / num_folds] * num_folds, source.seed)
-            else:
-                folds = stratified_folds(labels, num_folds, source.seed)
+            folds = make_folds(labels, num_folds, source.seed, source.targets)
     generator = torch.Generator().manual_seed(source.seed)
     order: list[int] = []
     for part in folds if folds is not None else [list(range(len(labels)))]:

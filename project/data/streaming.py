@@ -20,6 +20,7 @@ from project.data.folds import KFoldMixin
 from project.data.images import MAX_IMAGE_PIXELS, decode_image
 from project.data.samplers import run_seed
 from project.data.streaming_metadata import METADATA, read_metadata
+from project.data.targets import TargetKind, kind_named
 from project.errors import UserError, warn
 
 #: Lightning's notices about a litdata loader that do not hold for this DataModule's: litdata gives every loader
@@ -34,7 +35,7 @@ LOADER_NOTICES = (
 class DecodeSample:
     """litdata's per-sample transform, run in the loader workers: the stored JPEG decoded, its shorter side
     resized to `size` and centre-cropped, as a uint8 (3, size, size) tensor with its target (int64 class, or
-    float32 multi-hot row), or with its index in the split when `index` (prediction)."""
+    float32 row: multi-hot tags, or values), or with its index in the split when `index` (prediction)."""
 
     def __init__(self, size: int, index: bool = False) -> None:
         self.size, self.index = size, index
@@ -80,8 +81,8 @@ def resumable_loader_class() -> type:
 
 
 class StreamingImageDataModule(KFoldMixin, ImageDataModule):
-    """Images streamed from a dataset prepared by `python -m project prepare`: class names, multi-label or
-    not, the splits and the training images' mean and std come from its metadata.
+    """Images streamed from a dataset prepared by `python -m project prepare`: class names, the kind of
+    target, the splits and the training images' mean and std come from its metadata.
 
     The loader workers read litdata's chunks (downloading them to `cache_dir` first when `input_dir` is a
     URL), decode each JPEG, resize its shorter side to `image_size` and centre-crop it; batches leave the
@@ -151,8 +152,10 @@ class StreamingImageDataModule(KFoldMixin, ImageDataModule):
         return list(self.meta["classes"])
 
     @property
-    def multilabel(self) -> bool:
-        return bool(self.meta["multilabel"])
+    def targets(self) -> TargetKind:
+        # Datasets prepared before the kind was recorded say only whether they are multi-label.
+        kind = self.meta.get("targets") or ("tags" if self.meta.get("multilabel") else "classes")
+        return kind_named(kind, self.class_names)
 
     @property
     def input_shape(self) -> tuple[int, int, int]:
@@ -180,6 +183,9 @@ class StreamingImageDataModule(KFoldMixin, ImageDataModule):
             transform=DecodeSample(self.source_size, index=index),
             **kwargs,
         )
+
+    def has_test_split(self) -> bool:
+        return "test" in self.meta["splits"]
 
     def setup(self, stage: str) -> None:
         # Made here, after the processes have joined: litdata reads the distributed environment when a dataset is

@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from project.data.targets import KINDS, TargetKind
 from project.errors import UserError
 from project.studies.evaluate import Evaluation, evaluate, load_best
 from project.studies.tables import markdown_table
@@ -15,9 +16,15 @@ from project.studies.tables import markdown_table
 RESULT_FILE = "fold_result.json"
 
 
+def kind_of(results: list[dict[str, Any]]) -> type[TargetKind]:
+    """The kind of target the folds were scored on (results written before it was recorded: by their metric)."""
+    recorded = results[0].get("kind") or ("tags" if "val/map" in results[0] else "classes")
+    return KINDS[recorded]
+
+
 def metrics_of(results: list[dict[str, Any]]) -> tuple[str, str]:
-    """The folds' figures: their quality (`val/acc`, or `val/map` for a multi-label task), and `val/loss`."""
-    return ("val/map" if "val/map" in results[0] else "val/acc", "val/loss")
+    """The folds' figures: their quality (the kind's metric: `val/acc`, `val/map`, `val/mae`), and `val/loss`."""
+    return (f"val/{kind_of(results).metric}", "val/loss")
 
 
 def fold_result(fold_dir: Path, fold: int) -> dict[str, Any]:
@@ -26,6 +33,7 @@ def fold_result(fold_dir: Path, fold: int) -> dict[str, Any]:
     result = evaluate(best, "val")
     return {
         "fold": fold,
+        "kind": result.kind.kind,
         f"val/{result.score_name}": result.score,
         "val/loss": result.loss,
         "epoch": best.epoch,
@@ -37,7 +45,8 @@ def fold_result(fold_dir: Path, fold: int) -> dict[str, Any]:
 
 
 def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
-    """Mean and sample standard deviation over the folds of each metric, and each class's mean accuracy."""
+    """Mean and sample standard deviation over the folds of each metric, and the mean of each name's figure (a
+    class's accuracy, a tag's AP, a value's MAE)."""
     summary: dict[str, Any] = {"folds": len(results)}
     for key in (*metrics_of(results), "epoch"):
         values = [float(r[key]) for r in results]
@@ -51,18 +60,20 @@ def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def test_ensemble_result(fold_dirs: list[Path]) -> dict[str, Any]:
-    """Test accuracy of each fold's best model, and of their average (the mean of their softmax outputs)."""
-    singles, probs, targets, name = [], None, None, "acc"
+    """The test figure of each fold's best model, and of their average (the mean of what each makes of its outputs:
+    probabilities, or values)."""
+    singles, probs, targets, kind = [], None, None, None
     for fold_dir in fold_dirs:
         evaluation = evaluate(load_best(fold_dir), "test")
         singles.append(evaluation.score)
-        name = evaluation.score_name
+        kind = evaluation.kind
         probs = evaluation.probs if probs is None else probs + evaluation.probs
         if targets is not None and not torch.equal(targets, evaluation.targets):
             raise UserError(f"the test split of {fold_dir} differs from the other folds' test split")
         targets = evaluation.targets
-    assert probs is not None and targets is not None  # cv always has at least 2 folds (fold_numbers)
-    ensemble = Evaluation(probs / len(fold_dirs), targets, float("nan")).score
+    assert probs is not None and targets is not None and kind is not None  # cv has 2 folds or more
+    ensemble = Evaluation(kind, probs / len(fold_dirs), targets, float("nan")).score
+    name = kind.metric
     return {
         f"test/{name}_ensemble": ensemble,
         f"test/{name}_single": {"mean": statistics.fmean(singles), "std": statistics.stdev(singles)},
@@ -80,13 +91,9 @@ def report(results: list[dict[str, Any]], summary: dict[str, Any], ensemble: dic
     )
     rows[-1] += [f"{summary['epoch']['mean']:.1f} ± {summary['epoch']['std']:.1f}", ""]
     text = markdown_table(columns, rows)
-    per = (
-        ("tag", "val/ap", "Per-tag validation average precision")
-        if score == "val/map"
-        else ("class", "val/acc", "Per-class validation accuracy")
-    )
-    text += f"\n{per[2]}, mean over folds:\n\n"
-    text += markdown_table(list(per[:2]), list(summary["class_acc"].items()))
+    kind = kind_of(results)
+    text += f"\nPer-{kind.noun} validation {kind.per_name_words}, mean over folds:\n\n"
+    text += markdown_table([kind.noun, f"val/{kind.per_name_metric}"], list(summary["class_acc"].items()))
     if ensemble is not None:
         name = score.removeprefix("val/")
         single = ensemble[f"test/{name}_single"]

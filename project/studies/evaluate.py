@@ -4,7 +4,7 @@ The model and DataModule are rebuilt from the run's saved `config.yaml` by `fit`
 the fold and every setting are as in training) and the weights come from the checkpoint (`weights_only`); the
 images are normalised with the mean and std the checkpoint recorded. The model's own `forward` is used, so
 test-time flips and the task's own loss and metrics count exactly as in `fit`'s `val/loss` and `val/acc` (or
-`val/map` for a multi-label task).
+`val/map`, `val/mae`: the metric of the data's kind of target).
 """
 
 from dataclasses import dataclass, field
@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from project.data.targets import TargetKind
 from project.errors import UserError
 from project.run.checkpoints import load_checkpoint, load_weights
 from project.run.resume import best_checkpoint, find_last_checkpoint
@@ -20,59 +21,31 @@ from project.run.resume import best_checkpoint, find_last_checkpoint
 
 @dataclass
 class Evaluation:
-    """The task's probabilities (N, classes) and the targets of a split (labels (N,), or multi-hot rows (N, tags)
-    for a multi-label task), the mean loss over it, and the task's own metrics (`<split>/<name>`, as `fit`
-    logs them: `val/acc`, or `val/map` ...)."""
+    """A split's targets, of the data's kind, and what the task makes of its outputs there (`probabilities`:
+    class or tag probabilities, or values), the mean loss over it, and the task's own metrics (`<split>/<name>`,
+    as `fit` logs them: `val/acc`, `val/map`, `val/mae` ...)."""
 
+    kind: TargetKind
     probs: torch.Tensor
     targets: torch.Tensor
     loss: float
     metrics: dict[str, float] = field(default_factory=dict)
 
     @property
-    def multilabel(self) -> bool:
-        return self.targets.ndim == 2
-
-    @property
     def score_name(self) -> str:
-        """What `score` is, as `fit` names it: `acc`, or `map` for multi-label targets."""
-        return "map" if self.multilabel else "acc"
+        """What `score` is, as `fit` names it: the kind's headline metric (`acc`, `map`, `mae`)."""
+        return self.kind.metric
 
     @property
     def score(self) -> float:
-        """Top-1 accuracy, or macro mAP (exact) for multi-label targets: of any probabilities, such as the
-        mean of several models' (cv's ensemble)."""
-        if not self.multilabel:
-            return self.accuracy
-        from torchmetrics.functional.classification import multilabel_average_precision
-
-        num_tags = self.targets.shape[1]
-        return float(multilabel_average_precision(self.probs, self.targets.long(), num_tags, average="macro"))
+        """The kind's headline figure (top-1 accuracy, exact macro mAP, mean absolute error) of any outputs,
+        such as the mean of several models' (cv's ensemble)."""
+        return self.kind.score(self.probs, self.targets)
 
     def per_class(self, class_names: list[str]) -> dict[str, float | None]:
-        """Each class's accuracy, or each tag's average precision for multi-label targets; None for a class
-        or tag the split has no positive image of."""
-        if not self.multilabel:
-            return self.class_accuracy(class_names)
-        from torchmetrics.functional.classification import multilabel_average_precision
-
-        ap = multilabel_average_precision(self.probs, self.targets.long(), len(class_names), average=None)
-        present = self.targets.sum(0) > 0
-        return {name: float(ap[i]) if bool(present[i]) else None for i, name in enumerate(class_names)}
-
-    @property
-    def accuracy(self) -> float:
-        return float((self.probs.argmax(1) == self.targets).double().mean())
-
-    def class_accuracy(self, class_names: list[str]) -> dict[str, float | None]:
-        """Each class's accuracy; None for a class the split has no image of."""
-        correct = self.probs.argmax(1) == self.targets
-        return {
-            name: float(correct[self.targets == c].double().mean())
-            if bool((self.targets == c).any())
-            else None
-            for c, name in enumerate(class_names)
-        }
+        """Each name's figure (a class's accuracy, a tag's average precision, a value's mean absolute error);
+        None for a class or tag the split has no positive image of."""
+        return type(self.kind)(tuple(class_names)).per_name(self.probs, self.targets)
 
 
 @dataclass
@@ -152,4 +125,4 @@ def evaluate(best: BestModel, split: str) -> Evaluation:
         raise UserError(f"the {split} split of {best.ckpt_path} has no images")
     targets_all = torch.cat(targets)
     values = {name: float(value) for name, value in metrics.compute().items()}
-    return Evaluation(torch.cat(probs), targets_all, loss / len(targets_all), values)
+    return Evaluation(dm.targets, torch.cat(probs), targets_all, loss / len(targets_all), values)

@@ -7,6 +7,7 @@ from torch import Tensor, nn
 from torchmetrics import MetricCollection
 from torchmetrics.classification import MulticlassAccuracy
 
+from project.data.targets import Classes, TargetKind
 from project.tasks.task import ImageTask
 
 
@@ -20,8 +21,9 @@ class ImageClassifier(ImageTask):
         **kwargs: The network, optimizer, schedule and speed settings every task has (`ImageTask`).
     """
 
-    monitor: ClassVar[str] = "val/acc"
-    monitor_mode: ClassVar[Literal["min", "max"]] = "max"
+    accepts: ClassVar[tuple[type[TargetKind], ...]] = (Classes,)
+    monitor: ClassVar[str] = f"val/{Classes.metric}"
+    monitor_mode: ClassVar[Literal["min", "max"]] = Classes.mode
     prediction_header: ClassVar[tuple[str, ...]] = ("class_index", "class_name", "probability")
 
     def __init__(
@@ -68,9 +70,3 @@ class ImageClassifier(ImageTask):
     def prediction_row(self, prediction: dict[str, Any], i: int) -> list[Any]:
         pred = prediction["pred"][i]
         return [pred, self.class_names[pred], f"{prediction['prob'][i]:.6f}"]
-
-    def output_spec(self) -> dict[str, Any]:
-        return super().output_spec() | {
-            "outputs": "logits",
-            "decode": "softmax, then the most probable class",
-        }

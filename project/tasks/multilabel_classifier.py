@@ -16,6 +16,7 @@ from torch import Tensor, nn
 from torchmetrics import MetricCollection
 from torchmetrics.classification import MultilabelAveragePrecision, MultilabelPrecisionRecallCurve
 
+from project.data.targets import Tags, TargetKind
 from project.tasks.task import ImageTask
 
 #: The candidate thresholds (0, 0.01, ..., 1): the precision-recall curves are counted at these probabilities,
@@ -47,9 +48,10 @@ class MultiLabelClassifier(ImageTask):
         **kwargs: The network, optimizer, schedule and speed settings every task has (`ImageTask`).
     """
 
-    monitor: ClassVar[str] = "val/map"
-    monitor_mode: ClassVar[Literal["min", "max"]] = "max"
-    multilabel: ClassVar[bool] = True
+    accepts: ClassVar[tuple[type[TargetKind], ...]] = (Tags,)
+    example_config: ClassVar[str] = "configs/csv_multilabel.yaml"
+    monitor: ClassVar[str] = f"val/{Tags.metric}"
+    monitor_mode: ClassVar[Literal["min", "max"]] = Tags.mode
     prediction_header: ClassVar[tuple[str, ...]] = ("labels",)
 
     def __init__(
@@ -122,12 +124,7 @@ class MultiLabelClassifier(ImageTask):
         return [" ".join(labels), *(f"{p:.6f}" for p in prediction["probs"][i])]
 
     def output_spec(self) -> dict[str, Any]:
-        return super().output_spec() | {
-            "kind": "tags",
-            "outputs": "logits",
-            "decode": "sigmoid, then every tag whose probability reaches its threshold",
-            "thresholds": [round(float(t), 6) for t in self.thresholds],
-        }
+        return super().output_spec() | {"thresholds": [round(float(t), 6) for t in self.thresholds]}
 
     # -- pos_weight from the training tags ------------------------------------------------------------------
     def setup(self, stage: str) -> None:

@@ -6,8 +6,9 @@ prediction is (`predict_step`, `prediction_header`, `prediction_row`), and what 
 mean (`output_spec`, stored in every checkpoint for export and serving). This base holds the rest: the
 optimizer and schedule, the speed switches, test-time augmentation, sharding and clipping, the stage loop.
 
-A new kind of target (tags, a regression value, a mask) is one subclass in `project/tasks/` plus a config that
-names it (`model: {class_path: ...}`): see README "Add a task".
+A task says which kinds of target it accepts (`accepts`, `project.data.targets`): the kind gives the metric it
+monitors, how many outputs its network needs and what its outputs mean to deployment. A new task is one subclass
+in `project/tasks/` plus a config that names it (`model: {class_path: ...}`): see README "Add a task".
 """
 
 from typing import Any, ClassVar, Literal
@@ -18,8 +19,9 @@ from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import Tensor, nn
 from torchmetrics import MaxMetric, MeanMetric, MetricCollection, MinMetric
 
+from project.data.targets import Classes, TargetKind
 from project.distributed.sharding import clip_fsdp_grad_norm, shard_for_device_mesh
-from project.errors import UserError
+from project.tasks.data_agreement import check_network_outputs, check_task_fits_data
 from project.tasks.factories import build_optimizer, check_optimizer, leaves_unset, lr_scales, scaled_max_lr
 from project.tasks.tta import tta_logits
 
@@ -72,9 +74,10 @@ class ImageTask(L.LightningModule):
     monitor_mode: ClassVar[Literal["min", "max"]] = "min"
     #: The columns of `predict`'s CSV after the input's name (see `prediction_row`).
     prediction_header: ClassVar[tuple[str, ...]] = ()
-    #: Whether the targets are sets of tags (float multi-hot rows) rather than one class index per image: it
-    #: must agree with the DataModule's `multilabel` (`check_task_fits_data`).
-    multilabel: ClassVar[bool] = False
+    #: The kinds of target the task trains on; the data's must be one of them (`check_task_fits_data`).
+    accepts: ClassVar[tuple[type[TargetKind], ...]] = (Classes,)
+    #: A shipped config that trains the task on a CSV, for the message that points a mismatched run to it.
+    example_config: ClassVar[str] = "configs/csv.yaml"
 
     def __init__(
         self,
@@ -122,6 +125,7 @@ class ImageTask(L.LightningModule):
         self.test_metrics = metrics.clone(prefix="test/")
         self.train_loss, self.val_loss, self.test_loss = MeanMetric(), MeanMetric(), MeanMetric()
         self.val_best = MaxMetric() if self.monitor_mode == "max" else MinMetric()
+        self._outputs_checked = False
 
     # -- what a task defines ----------------------------------------------------------------------------------
     def make_metrics(self) -> MetricCollection:
@@ -137,8 +141,19 @@ class ImageTask(L.LightningModule):
         metrics.update(outputs, targets)
 
     def probabilities(self, outputs: Tensor) -> Tensor:
-        """The network's outputs as the probabilities they stand for (evaluation, ensembles)."""
+        """The network's outputs as what they stand for, probabilities or values (evaluation, ensembles)."""
         raise NotImplementedError
+
+    @property
+    def targets(self) -> TargetKind:
+        """The kind of target the task predicts, over its `class_names`: the first it accepts."""
+        return self.accepts[0](tuple(self.class_names))
+
+    @property
+    def network_outputs(self) -> int:
+        """How many outputs per image the task needs its network to give: the kind's (one per class, tag or
+        value). The data's `num_classes`, linked into the network, is that number for every shipped task."""
+        return self.targets.outputs
 
     def predict_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> dict[str, Tensor]:
         """Per input of the batch: its dataset `index` and what the task predicts for it."""
@@ -153,8 +168,9 @@ class ImageTask(L.LightningModule):
         raise NotImplementedError
 
     def output_spec(self) -> dict[str, Any]:
-        """What the network's outputs mean, for export and serving (stored in checkpoints as `task`)."""
-        return {"task": type(self).__name__, "names": list(self.class_names)}
+        """What the network's outputs mean, for export and serving (stored in checkpoints as `task`): the kind's
+        account of them (`TargetKind.output_spec`), read by `project.export.decoding`."""
+        return {"task": type(self).__name__, "names": list(self.class_names)} | self.targets.output_spec()
 
     # -- the stage loop -----------------------------------------------------------------------------------------
     def setup(self, stage: str) -> None:
@@ -190,6 +206,9 @@ class ImageTask(L.LightningModule):
         # count an image right when it gets its own label, as without mixing (a mixture's argmax may be the other's).
         x, y, *own = batch
         outputs = self(x)
+        if not self._outputs_checked:
+            check_network_outputs(self, outputs)
+            self._outputs_checked = True
         loss = self.loss(outputs, y)
         self.update_metrics(metrics, outputs.detach(), own[0] if own else y)
         loss_metric.update(loss.detach(), weight=y.shape[0])
@@ -234,8 +253,9 @@ class ImageTask(L.LightningModule):
         # What the outputs were trained on: a command that starts from the checkpoint checks its data against
         # it (project.run.data_identity).
         source = getattr(self._trainer, "datamodule", None)
+        kind = getattr(source, "targets", None)
         checkpoint["data_identity"] = {
-            "kind": "tags" if self.multilabel else "classes",
+            "kind": (kind if isinstance(kind, TargetKind) else self.targets).kind,
             "names": list(self.class_names),
             "source": type(source).__name__ if source is not None else None,
         }
@@ -303,22 +323,3 @@ class ImageTask(L.LightningModule):
             "optimizer": optimizer,
             "lr_scheduler": {"scheduler": scheduler, "interval": interval or "epoch", "name": "train/lr"},
         }
-
-
-def check_task_fits_data(task: ImageTask, datamodule: Any) -> None:
-    """A UserError when the task and the data disagree on what a target is (one class or a set of tags)."""
-    data_multilabel = getattr(datamodule, "multilabel", None)
-    if data_multilabel is None or bool(data_multilabel) == task.multilabel:
-        return
-    name = type(task).__name__
-    if data_multilabel:
-        raise UserError(
-            f"the data is multi-label (data.multilabel true: a set of tags per image) but model {name} "
-            "predicts one class per image: train it with --model project.tasks.MultiLabelClassifier "
-            "(as configs/csv_multilabel.yaml does)"
-        )
-    raise UserError(
-        f"model {name} predicts a set of tags per image but the data ({type(datamodule).__name__}) gives one "
-        "class per image: train it with --model project.tasks.ImageClassifier, or give it tagged data "
-        "(configs/csv_multilabel.yaml: --data.multilabel true)"
-    )

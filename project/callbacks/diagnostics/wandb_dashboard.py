@@ -1,5 +1,5 @@
-"""`WandbDashboard`: confusion matrix (or per-tag AP and precision-recall curves), worst-classified images and
-weight/gradient histograms in W&B."""
+"""`WandbDashboard`: confusion matrix (per-tag AP and precision-recall curves for tags, predicted-vs-true scatter
+plots for values), worst-predicted images and weight/gradient histograms in W&B."""
 
 from typing import Any, Literal
 
@@ -12,8 +12,13 @@ from torch import Tensor
 from torchmetrics import MetricCollection
 from torchmetrics.classification import MultilabelAveragePrecision, MultilabelPrecisionRecallCurve
 
+from project.callbacks.diagnostics.wandb_charts import tag_charts, to_uint8, value_charts
+from project.data.targets import Tags, TargetKind, Values
+
 #: Points of each tag's precision-recall curve (thresholds 0, 1/(n-1), ..., 1).
 CURVE_POINTS = 21
+#: Validation images of the first process in a regression's scatter plots, at most.
+SCATTER_POINTS = 2000
 
 
 class WandbDashboard(Callback):
@@ -22,9 +27,11 @@ class WandbDashboard(Callback):
     At the end of each validation epoch it logs `val/confusion_matrix` (a W&B confusion-matrix chart, over the
     whole validation set and all processes) and `val/worst_predictions`: a table of the validation images
     whose true class got the lowest probability, with true and predicted class and confidence. It reads the
-    logits and targets that `validation_step` returns. For a multi-label task (tags, `multilabel`) it logs
-    instead `val/ap_per_tag` (a bar chart of each tag's average precision) and `val/pr_curve` (each tag's
-    precision-recall curve), both over the whole validation set and all processes. During fit it also has W&B
+    logits and targets that `validation_step` returns, and asks the task's kind of target (`targets`) what they
+    are. For tags it logs instead `val/ap_per_tag` (a bar chart of each tag's average precision) and
+    `val/pr_curve` (each tag's precision-recall curve), both over the whole validation set and all processes;
+    for values `val/predicted_vs_true` (a scatter plot per value, of up to 2000 images of the first process) and
+    the table of the images predicted furthest from their values. During fit it also has W&B
     record histograms of the parameters and/or gradients (`WandbLogger.watch`).
 
     Checkpoints are uploaded as W&B artifacts by the logger itself when it is online (`log_model: true`, see
@@ -61,7 +68,8 @@ class WandbDashboard(Callback):
         self._watched: torch.nn.Module | None = None
         self._matrix: Tensor | None = None
         self._tags: MetricCollection | None = None  # per-tag AP and curves of a multi-label task
-        self._worst: list[tuple[float, Tensor, int, int, float]] = []
+        self._values: list[tuple[Tensor, Tensor]] = []  # (predicted, true) of a regression, on the CPU
+        self._worst: list[tuple[float, Tensor, Any, Any, float]] = []
         self._warned = False
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
@@ -97,6 +105,7 @@ class WandbDashboard(Callback):
     def on_validation_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._matrix = None
         self._worst = []
+        self._values = []
         if self._tags is not None:
             self._tags.reset()
 
@@ -122,9 +131,15 @@ class WandbDashboard(Callback):
             return
         logits, targets = outputs["logits"].float(), outputs["targets"]
         num_classes = logits.shape[1]
-        if getattr(pl_module, "multilabel", False):
+        kind = getattr(pl_module, "targets", None)
+        if isinstance(kind, Tags):
             self._update_tags(logits, targets, num_classes)
             return
+        if isinstance(kind, Values):
+            self._update_values(pl_module, logits, targets, batch[0], trainer)
+            return
+        if isinstance(kind, TargetKind) and kind.kind != "classes":
+            return  # a kind this dashboard has no charts for
         if self.confusion_matrix:
             if self._matrix is None:
                 self._matrix = torch.zeros(num_classes, num_classes, dtype=torch.long, device=logits.device)
@@ -147,6 +162,27 @@ class WandbDashboard(Callback):
             ).to(logits.device)
         self._tags.update(logits.sigmoid(), targets.long())
 
+    def _update_values(
+        self, pl_module: Any, outputs: Tensor, targets: Tensor, images: Tensor, trainer: L.Trainer
+    ) -> None:
+        predicted = pl_module.probabilities(outputs).float().reshape(len(outputs), -1)
+        true = targets.float().reshape(len(targets), -1)
+        room = SCATTER_POINTS - sum(len(p) for p, _ in self._values)
+        if room > 0:
+            self._values.append((predicted[:room].cpu(), true[:room].cpu()))
+        if not self.worst_k:
+            return
+        error = (predicted - true).abs().amax(1)  # the furthest of an image's values
+        k = min(self.worst_k, len(error))
+        if self._worst and k == self.worst_k and float(error.max()) <= -self._worst[-1][0]:
+            return
+        index = error.topk(k).indices
+        pictures = to_uint8(images[index], trainer.datamodule)  # pyright: ignore[reportAttributeAccessIssue]
+        for i, row in enumerate(index.tolist()):
+            shown = (true[row].tolist(), predicted[row].tolist())
+            self._worst.append((-float(error[row]), pictures[i], *shown, float(error[row])))
+        self._worst = sorted(self._worst, key=lambda entry: entry[0])[: self.worst_k]
+
     def _keep_worst(self, logits: Tensor, targets: Tensor, images: Tensor, datamodule: Any) -> None:
         probs = logits.softmax(1)
         p_true = probs.gather(1, targets[:, None]).squeeze(1)
@@ -155,7 +191,7 @@ class WandbDashboard(Callback):
             return  # nothing in this batch is worse than what is kept
         index = p_true.topk(k, largest=False).indices
         confidence, predicted = probs[index].max(1)
-        pictures = _to_uint8(images[index], datamodule)
+        pictures = to_uint8(images[index], datamodule)
         for i in range(k):
             self._worst.append(
                 (
@@ -173,7 +209,7 @@ class WandbDashboard(Callback):
         tags = self._tags.compute() if self._tags is not None and self._tags["ap"].update_called else None
         if logger is None or not self._active(trainer):
             return
-        if self._matrix is None and not self._worst and tags is None:
+        if self._matrix is None and not self._worst and tags is None and not self._values:
             return
         matrix = trainer.strategy.reduce(self._matrix, reduce_op="sum") if self._matrix is not None else None
         if not trainer.is_global_zero:
@@ -183,7 +219,21 @@ class WandbDashboard(Callback):
         names = list(getattr(pl_module, "class_names", None) or [])
         metrics: dict[str, Any] = {}
         if tags is not None:
-            metrics |= _tag_charts(tags, names, trainer.current_epoch)
+            metrics |= tag_charts(tags, names, trainer.current_epoch)
+        if self._values:
+            predicted, true = (torch.cat(column) for column in zip(*self._values, strict=True))
+            names = names if len(names) == predicted.shape[1] else [str(i) for i in range(predicted.shape[1])]
+            metrics |= value_charts(predicted, true, names, trainer.current_epoch)
+            if self._worst:
+                rows = [
+                    [wandb.Image(picture.permute(1, 2, 0).numpy()), str(true), str(pred), error]
+                    for _, picture, true, pred, error in self._worst
+                ]
+                metrics["val/worst_predictions"] = wandb.Table(
+                    columns=["image", "true", "predicted", "abs_error"], data=rows
+                )
+            logger.log_metrics(metrics, step=trainer.global_step)
+            return
         if matrix is not None:
             matrix = matrix.cpu()
             names = names if len(names) == len(matrix) else [str(i) for i in range(len(matrix))]
@@ -209,41 +259,3 @@ class WandbDashboard(Callback):
                 columns=["image", "true", "predicted", "confidence", "p_true"], data=rows
             )
         logger.log_metrics(metrics, step=trainer.global_step)
-
-
-def _tag_charts(tags: dict[str, Any], names: list[str], epoch: int) -> dict[str, Any]:
-    """W&B charts of a multi-label validation: each tag's AP (bars) and precision-recall curve (lines)."""
-    import wandb
-
-    ap = tags["ap"].cpu()
-    precision, recall, _ = (t.cpu() for t in tags["curve"])
-    names = names if len(names) == len(ap) else [str(i) for i in range(len(ap))]
-    bars = wandb.Table(columns=["tag", "AP"], data=[[n, float(v)] for n, v in zip(names, ap, strict=True)])
-    points = [
-        [names[i], float(r), float(p)]
-        for i in range(len(names))
-        for p, r in zip(precision[i], recall[i], strict=True)
-        if not (p.isnan() or r.isnan())  # a tag without positives has no curve
-    ]
-    curves = wandb.Table(columns=["tag", "recall", "precision"], data=points)
-    return {
-        "val/ap_per_tag": wandb.plot.bar(bars, "tag", "AP", title=f"Validation AP per tag, epoch {epoch}"),
-        "val/pr_curve": wandb.plot.line(
-            curves, "recall", "precision", stroke="tag", title=f"Validation precision-recall, epoch {epoch}"
-        ),
-    }
-
-
-def _to_uint8(images: Tensor, datamodule: Any) -> Tensor:
-    """Normalised (N, C, H, W) images back to uint8 on the CPU, with the DataModule's mean and std."""
-    images = images.detach().float().cpu()
-    mean, std = getattr(datamodule, "mean", None), getattr(datamodule, "std", None)
-    if mean is not None and std is not None and len(mean) == images.shape[1]:
-        shape = (1, -1, 1, 1)
-        images = images * torch.tensor(std).view(shape) + torch.tensor(mean).view(shape)
-    else:  # unknown normalisation: stretch each image to [0, 1]
-        low = images.amin(dim=(1, 2, 3), keepdim=True)
-        high = images.amax(dim=(1, 2, 3), keepdim=True)
-        images = (images - low) / (high - low).clamp_min(1e-8)
-    images = (images.clamp(0, 1) * 255).round().to(torch.uint8)
-    return images if images.shape[1] != 1 else images.expand(-1, 3, -1, -1)
