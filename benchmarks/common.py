@@ -62,14 +62,14 @@ class Stopwatch:
 
 
 def build_cli(args: list[str]):
-    """`ProjectCLI(args=args, run=False)` from inside a benchmark: the benchmark's own command line is hidden
+    """`build(args)` from inside a benchmark: the benchmark's own command line is hidden
     from it (LightningCLI warns when it is given both `args` and a command line)."""
     import sys
 
-    from project.cli import ProjectCLI
+    from project.cli import build
 
     argv, sys.argv = sys.argv, sys.argv[:1]
     try:
-        return ProjectCLI(args=args, run=False)
+        return build(args)
     finally:
         sys.argv = argv

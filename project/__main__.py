@@ -41,7 +41,7 @@ def run() -> None:
     from project import SUBCOMMANDS
     from project.run.startup import pause_garbage_collection
 
-    if sys.argv[1] in SUBCOMMANDS:  # resumed as the Trainer starts (ProjectCLI.before_<subcommand>)
+    if sys.argv[1] in SUBCOMMANDS:  # resumed as the Trainer starts (project.cli.commands)
         pause_garbage_collection()
     from project.cli import main
 

@@ -125,19 +125,11 @@ def set_data_parallel_size(strategy: ModelParallelStrategy, size: int) -> None:
     strategy._data_parallel_size = size
 
 
-# -- LightningCLI ----------------------------------------------------------------------------------------------
+# -- LightningCLI ---------------------------------------------------------------------------------------------
 
 
-class LightningCLIWithTrainerHook(LightningCLI):
-    """LightningCLI with one more extension point, under a public name: override `configure_trainer`, not the
-    private method behind it. The public `instantiate_trainer(**kwargs)` can change the Trainer's arguments but
-    not the callbacks of the configured callback keys (`checkpoint`, `progress_bar`, ...), which a run without
-    checkpoints or a progress bar must leave out (Lightning refuses them then)."""
-
-    def configure_trainer(self, trainer_config: dict[str, Any], callbacks: list[Any]) -> list[Any]:
-        """Adjust the Trainer's arguments (in place) and return the callbacks of the configured callback keys,
-        just before the Trainer is built from both."""
-        return callbacks
-
-    def _instantiate_trainer(self, config: dict[str, Any], callbacks: list[Any]) -> L.Trainer:
-        return super()._instantiate_trainer(config, self.configure_trainer(config, callbacks))
+def give_config_dump(cli: LightningCLI, dumped: dict[str, Any]) -> None:
+    """Hand LightningCLI's instantiators the config as plain values, already dumped: what a task built from the
+    config saves as its hyperparameters (with its class path, for `load_from_checkpoint`). LightningCLI would
+    otherwise dump the config again when the first class is built, validating every class in it anew."""
+    cli.config_dump = dumped

@@ -17,8 +17,8 @@ from PIL import Image
 from project.cli import main
 from project.data import ImageFolderDataModule
 from project.errors import UserError
-from project.tasks import ImageClassifier
 from project.models import MLP
+from project.tasks import ImageClassifier
 from tests.conftest import CONFIGS, run_cli
 from tests.fakes import make_image_folder
 from tests.wandb_reader import read_run
@@ -261,11 +261,11 @@ def test_unwritable_output_folder_is_named(fake_cifar, tmp_path, capsys):
 def test_the_data_input_shape_reaches_networks_that_take_one(image_folder, tmp_path):
     """MLP's input layer is sized from the DataModule's input_shape (linked like num_classes), so a network
     that takes an input shape cannot be built for another one."""
-    from project.cli import ProjectCLI
+    from project.cli import build
 
     args = ["--config", CONFIGS / "folder.yaml", "--data.root", image_folder, "--data.image_size", "16"]
     args += ["--data.cache_dir", tmp_path / "cache", "--model.net", "project.models.MLP"]
-    cli = ProjectCLI(args=[str(a) for a in args], run=False)
+    cli = build([str(a) for a in args])
     assert cli.model.net.layers[1].in_features == 3 * 16 * 16
 
 

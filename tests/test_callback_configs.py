@@ -3,7 +3,7 @@
 import pytest
 import yaml
 
-from project.cli import ProjectCLI
+from project.cli import run_command
 from tests.conftest import CONFIGS, ROOT
 
 CALLBACK_CONFIGS = sorted((CONFIGS / "callbacks").glob("*.yaml"))
@@ -14,7 +14,7 @@ def resolve(capsys, *configs) -> dict:
     for config in configs:
         args += ["--config", str(config)]
     with pytest.raises(SystemExit) as exit_info:
-        ProjectCLI(args=[*args, "--print_config"])
+        run_command([*args, "--print_config"])
     assert exit_info.value.code in (0, None), capsys.readouterr().err
     return yaml.safe_load(capsys.readouterr().out)
 
@@ -42,4 +42,5 @@ def test_pruning_qat_and_diagnostics_stack_together(capsys, monkeypatch):
         "ImageThroughputMonitor",
     ]
     assert resolved["trainer"]["precision"] == "32-true"  # from qat.yaml, over the recipe's 16-mixed
-    assert resolved["wandb_dashboard"]["watch"] is None and resolved["data_wait"]["synchronize"] is True
+    assert resolved["wandb_dashboard"]["init_args"]["watch"] is None
+    assert resolved["data_wait"]["init_args"]["synchronize"] is True

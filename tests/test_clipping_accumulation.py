@@ -7,7 +7,7 @@ import pytest
 import torch
 import yaml
 
-from project.cli import ProjectCLI, main
+from project.cli import Run, build, main, run_command
 from tests.conftest import CONFIGS
 from tests.probes import GradientProbe
 from tests.tiny_runs import fit_args, tiny_cifar
@@ -38,8 +38,8 @@ QUIET = [
 ]  # fmt: skip
 
 
-def run(cifar: Path, tmp_path: Path, *args: object) -> ProjectCLI:
-    return ProjectCLI(args=fit_args(cifar, tmp_path, *QUIET, *args))
+def run(cifar: Path, tmp_path: Path, *args: object) -> Run:
+    return run_command(fit_args(cifar, tmp_path, *QUIET, *args))
 
 
 @pytest.mark.parametrize(("preset", "stat"), [("clip_norm.yaml", "norm"), ("clip_value.yaml", "max")])
@@ -79,9 +79,7 @@ def test_k_micro_batches_update_like_one_batch_of_k_times_b(cifar, tmp_path, lig
     for name in a:
         torch.testing.assert_close(a[name], b[name], rtol=1e-5, atol=1e-6, msg=name)
     # The comparison has teeth: both runs moved the weights far more than the tolerance.
-    start = ProjectCLI(
-        args=fit_args(cifar, tmp_path / "c", *QUIET, *common)[1:], run=False
-    ).model.net.state_dict()
+    start = build(fit_args(cifar, tmp_path / "c", *QUIET, *common)[1:]).model.net.state_dict()
     assert (b["classifier.4.weight"] - start["classifier.4.weight"]).abs().max() > 1e-3
 
 

@@ -9,7 +9,7 @@ import torch
 import yaml
 
 from project.callbacks.debug.memory import CUDAMemoryRecorder
-from project.cli import ProjectCLI
+from project.cli import Run, run_command
 from project.models import MLP
 from tests.conftest import CONFIGS, newest_run
 from tests.tiny_fit import command_args, readme_commands, tiny_args
@@ -62,8 +62,8 @@ class OOMAtBatch(MLP):
         return super().forward(x)
 
 
-def run(name: str, data: Path, root: Path, *extra: str) -> ProjectCLI:
-    return ProjectCLI(args=command_args(COMMANDS[name]) + tiny_args(data, root) + list(extra))
+def run(name: str, data: Path, root: Path, *extra: str) -> Run:
+    return run_command(command_args(COMMANDS[name]) + tiny_args(data, root) + list(extra))
 
 
 def test_readme_debug_commands_are_the_tested_ones():

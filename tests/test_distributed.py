@@ -30,7 +30,7 @@ from torch.distributed.tensor import DTensor
 from torchmetrics.functional.classification import multiclass_accuracy
 from torchvision.models.resnet import BasicBlock, Bottleneck
 
-from project.cli import ProjectCLI
+from project.cli import build, run_command
 from project.data import CIFARDataModule
 from project.distributed import sharding_units
 from project.distributed.sharding import shard_network
@@ -93,7 +93,7 @@ def test_ddp_on_two_processes_matches_one_process(cifar, tmp_path):
         "32-true",
     ]
     off = ["--trainer.logger", "false", "--trainer.enable_checkpointing", "false"]
-    cli = ProjectCLI(args=fit_args(cifar, tmp_path / "one", *one_proc, *off)[1:], run=False)
+    cli = build(fit_args(cifar, tmp_path / "one", *one_proc, *off)[1:])
     cli.trainer.fit(cli.model, datamodule=cli.datamodule)
     assert cli.trainer.global_step == 3 and cli.datamodule.batch_size == TRAIN_SIZE
     one = {k: v.detach() for k, v in cli.model.net.state_dict().items()}
@@ -268,8 +268,8 @@ def test_ddp_preset_passes_its_options_to_ddp():
 @pytest.mark.parametrize("preset", ["ddp.yaml", "fsdp.yaml", "fsdp2.yaml"])
 def test_gpu_presets_parse_on_top_of_the_main_config(preset, capsys):
     with pytest.raises(SystemExit) as exit_info:
-        ProjectCLI(
-            args=[
+        run_command(
+            [
                 "fit",
                 "--config",
                 str(CONFIGS / "cifar10.yaml"),
@@ -318,7 +318,7 @@ def test_readme_torchrun_commands_parse(capsys, monkeypatch):
         args = shlex.split(command)
         nnodes, nproc = args[args.index("--nnodes") + 1], args[args.index("--nproc_per_node") + 1]
         with pytest.raises(SystemExit) as exit_info:
-            ProjectCLI(args=[*project_args(command), "--print_config"])
+            run_command([*project_args(command), "--print_config"])
         assert exit_info.value.code in (0, None), command
         trainer = yaml.safe_load(capsys.readouterr().out)["trainer"]
         # torchrun's world and Lightning's must agree, or Lightning stops at start.
@@ -411,7 +411,7 @@ def test_slurm_script_starts_lightning_with_slurms_ranks(tmp_path, monkeypatch):
     args = command[4:]
     i = args.index("--ckpt_path")
     del args[i : i + 2]  # a `fit` argument: this parse has no subcommand
-    cli = ProjectCLI(args=[*args, "--trainer.logger", "false"], run=False)
+    cli = build([*args, "--trainer.logger", "false"])
     trainer = cli.trainer
     assert isinstance(trainer.strategy.cluster_environment, SLURMEnvironment)
     assert (trainer.num_nodes, trainer.num_devices, trainer.world_size) == (2, 1, 2)

@@ -1,5 +1,6 @@
 """The README's first command, `python -m project fit --config configs/sample.yaml`, trains offline on the images
-shipped in samples/, and every fit ends with one line naming its best checkpoint, its score and its metrics."""
+shipped in samples/, tests its best checkpoint on their test split, and every fit ends with one line naming its
+best checkpoint, its score, its test figure (where the data has a test split) and its metrics."""
 
 import csv
 import re
@@ -13,7 +14,8 @@ from tests.conftest import PACKAGE, ROOT, run_python
 SAMPLE = ROOT / "samples" / "cifar10-3k"
 FIRST_COMMAND = f"python -m {PACKAGE} fit --config configs/sample.yaml"
 SUMMARY = re.compile(
-    r"^best checkpoint: (?P<path>\S+\.ckpt) \((?P<monitor>\S+) (?P<score>[0-9.]+)\); metrics: (?P<metrics>\S+)$",
+    r"^best checkpoint: (?P<path>\S+\.ckpt) \((?P<monitor>\S+) (?P<score>[0-9.]+)\)"
+    r"(; (?P<tested>test/\S+) (?P<test>[0-9.]+))?; metrics: (?P<metrics>\S+)$",
     re.M,
 )
 
@@ -50,7 +52,7 @@ def test_the_sample_holds_what_its_readme_says():
     assert sum(p.stat().st_size for p in SAMPLE.rglob("*.jpg")) < 5_000_000  # a few MB in every clone
 
 
-def test_a_fit_ends_with_its_best_checkpoint_its_score_and_its_metrics(tmp_path):
+def test_a_fit_ends_with_its_best_checkpoint_its_score_its_test_figure_and_its_metrics(tmp_path):
     folder = workspace(tmp_path)
     flags = ["--trainer.max_epochs", "2", "--trainer.limit_train_batches", "3"]
     run = run_python("-m", PACKAGE, "fit", "--config", "configs/sample.yaml", *flags, cwd=folder)
@@ -59,8 +61,22 @@ def test_a_fit_ends_with_its_best_checkpoint_its_score_and_its_metrics(tmp_path)
     assert checkpoint.is_file() and checkpoint.parent.name == "checkpoints"
     assert summary["monitor"] == "val/acc" and 0.0 <= float(summary["score"]) <= 1.0
     with open(folder / summary["metrics"]) as f:
-        scores = [float(row["val/acc"]) for row in csv.DictReader(f) if row.get("val/acc")]
+        rows = list(csv.DictReader(f))
+    scores = [float(row["val/acc"]) for row in rows if row.get("val/acc")]
     assert len(scores) == 2 and float(summary["score"]) == pytest.approx(max(scores), abs=5e-5)
+    # The sample has a test split: the best checkpoint (not the last weights) was scored on it, once.
+    (tested,) = [float(row["test/acc"]) for row in rows if row.get("test/acc")]
+    assert summary["tested"] == "test/acc" and float(summary["test"]) == pytest.approx(tested, abs=5e-5)
+
+
+def test_a_fit_told_not_to_tests_nothing(tmp_path):
+    folder = workspace(tmp_path)
+    flags = ["--trainer.max_steps", "2", "--trainer.limit_val_batches", "2", "--test_after_fit", "false"]
+    run = run_python("-m", PACKAGE, "fit", "--config", "configs/sample.yaml", *flags, cwd=folder)
+    summary = summary_of(run.stdout)
+    assert summary["tested"] is None
+    with open(folder / summary["metrics"]) as f:
+        assert not [row for row in csv.DictReader(f) if row.get("test/acc")]
 
 
 @pytest.mark.slow

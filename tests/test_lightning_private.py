@@ -165,34 +165,31 @@ def test_set_data_parallel_size_sizes_the_device_mesh(monkeypatch):
     assert seen == {"dp": 8, "tp": 1}  # every process in one data-parallel group
 
 
-def test_the_trainer_hook_is_called_with_the_callbacks_of_the_callback_keys(tmp_path, fake_cifar):
-    """`configure_trainer` (behind LightningCLI's private `_instantiate_trainer`) gets the Trainer's arguments
-    and the callbacks of the configured keys, and what it returns is what the Trainer gets."""
-    from project.callbacks import BestAndLastCheckpoint
-    from project.cli import ProjectCLI
-    from tests.tiny_fit import tiny_args
+class Saved(L.LightningModule):
+    def __init__(self, width: int = 1) -> None:
+        super().__init__()
+        self.save_hyperparameters()
 
-    calls = []
 
-    class Hooked(ProjectCLI):
-        def configure_trainer(self, trainer_config, callbacks):
-            calls.append(
-                ("max_steps" in trainer_config, any(isinstance(c, BestAndLastCheckpoint) for c in callbacks))
-            )
-            return [c for c in super().configure_trainer(trainer_config, callbacks) if c is not None]
+def test_lightningcli_instantiators_read_the_config_dump_given(monkeypatch):
+    """`give_config_dump`: a class LightningCLI's instantiators build records the hyperparameters of the dump
+    given (with its class path, for `load_from_checkpoint`), and LightningCLI dumps the config no more itself."""
+    from lightning.pytorch.cli import LightningCLI
 
-    args = [
-        "fit",
-        "--config",
-        "configs/cifar10.yaml",
-        *tiny_args(fake_cifar, tmp_path),
-        "--trainer.max_steps",
-        "1",
-    ]
-    cli = Hooked(args=[str(a) for a in args])
-    assert calls == [(True, True)]
-    assert any(isinstance(c, BestAndLastCheckpoint) for c in cli.trainer.callbacks)
-    assert cli.trainer.global_step == 1
+    dumps = []
+
+    class GivenDump(LightningCLI):
+        def before_instantiate_classes(self) -> None:
+            given = {"model": {"class_path": f"{__name__}.Saved", "init_args": {"width": 7}}}
+            private.give_config_dump(self, given)
+            monkeypatch.setattr(type(self.parser), "dump", lambda *a, **k: dumps.append(a) or "")
+
+    cli = GivenDump(
+        Saved, args=["--model.width", "3"], run=False, save_config_callback=None, subclass_mode_model=True
+    )
+    assert cli.model.hparams["width"] == 7  # the dump's value, not the config's: the dump given was read
+    assert cli.model.hparams["_class_path"] == f"{__name__}.Saved" and "_instantiator" in cli.model.hparams
+    assert dumps == []
 
 
 class EndsEpoch(Callback):

@@ -11,7 +11,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.plugins import MixedPrecision
 from torch.utils.data import DataLoader, TensorDataset
 
-from project.cli import ProjectCLI
+from project.cli import Run, build, run_command
 from project.models import SimpleCNN
 from project.tasks import ImageClassifier
 from tests.conftest import CONFIGS, newest_run, run_cli
@@ -26,12 +26,12 @@ def cifar(tmp_path_factory) -> Path:
     return tiny_cifar(tmp_path_factory.mktemp("tiny_cifar"))
 
 
-def cli_fit(args: list[str], *extra: str) -> ProjectCLI:
+def cli_fit(args: list[str], *extra: str) -> Run:
     """`python -m project fit ...` in this process, with a ForwardDtype probe; returns the CLI (and its trainer)."""
-    return ProjectCLI(args=[*args, *extra, "--trainer.callbacks+=tests.probes.ForwardDtype"])
+    return run_command([*args, *extra, "--trainer.callbacks+=tests.probes.ForwardDtype"])
 
 
-def probe(cli: ProjectCLI, kind: type) -> Callback:
+def probe(cli: Run, kind: type) -> Callback:
     return next(c for c in cli.trainer.callbacks if isinstance(c, kind))
 
 
@@ -67,15 +67,12 @@ def test_fp16_preset_trains_in_32_bit_on_a_cpu_with_one_notice(tmp_path, capsys)
     args = ["--config", str(CONFIGS / "cifar10.yaml"), "--config", str(CONFIGS / "trainer" / "fp16.yaml")]
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        cli = ProjectCLI(args=[*args, "--trainer.accelerator", "cpu", "--trainer.logger", "false"], run=False)
+        cli = build([*args, "--trainer.accelerator", "cpu", "--trainer.logger", "false"])
     # No Python warning about it (Lightning's bf16 fallback, the srun hint of a login node), only the notice.
     assert not [w for w in caught if "precision" in str(w.message) or "srun" in str(w.message)]
     assert cli.trainer.precision == "32-true"
     assert capsys.readouterr().err.count("warning: trainer.precision 16-mixed needs a CUDA GPU") == 1
-    cli = ProjectCLI(
-        args=[*args, "--config", str(CONFIGS / "trainer" / "fp32.yaml"), "--trainer.logger", "false"],
-        run=False,
-    )
+    cli = build([*args, "--config", str(CONFIGS / "trainer" / "fp32.yaml"), "--trainer.logger", "false"])
     assert cli.trainer.precision == "32-true"
 
 
@@ -130,7 +127,7 @@ def test_fp16_preset_scaler_round_trip_on_gpu(cifar, tmp_path):
     scale = torch.load(ckpt, map_location="cpu", weights_only=True)["MixedPrecision"]["scale"]
     assert scale > 0
     args = fit_args(cifar, tmp_path, *common, "--trainer.max_epochs", "2", "--ckpt_path", ckpt)
-    cli = ProjectCLI(args=[*args, "--trainer.callbacks+=tests.probes.ScalerAtStart"])
+    cli = run_command([*args, "--trainer.callbacks+=tests.probes.ScalerAtStart"])
     assert probe(cli, ScalerAtStart).scale == scale
 
 
@@ -145,5 +142,5 @@ def test_no_srun_hint_outside_a_slurm_job(tmp_path, monkeypatch, capsys):
         monkeypatch.delenv(name, raising=False)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        ProjectCLI(args=["--config", str(CONFIGS / "cifar10.yaml"), "--trainer.logger", "false"], run=False)
+        build(["--config", str(CONFIGS / "cifar10.yaml"), "--trainer.logger", "false"])
     assert not [w for w in caught if "srun" in str(w.message)] and "srun" not in capsys.readouterr().err

@@ -12,7 +12,7 @@ import pytest
 import torch
 import torchvision
 
-from project.cli import ProjectCLI, main
+from project.cli import Run, build, main
 from project.errors import UserError
 from project.export.trained import load_trained
 from project.models import SimpleCNN, TimmNet, TorchvisionNet
@@ -211,7 +211,7 @@ def test_the_finetune_commands_train_from_the_weights_a_download_would_give(
     assert torch.equal(trained_net.state_dict()["net.conv1.weight"], trained["net.net.conv1.weight"])
 
 
-def finetune_cli(image_folder: Path, tmp_path: Path, *extra: str, pretrained: bool = True) -> ProjectCLI:
+def finetune_cli(image_folder: Path, tmp_path: Path, *extra: str, pretrained: bool = True) -> Run:
     weights = tmp_path / "weights.pth"
     saved_timm_weights(weights, IMAGENET_TIMM)
     args = [
@@ -220,10 +220,7 @@ def finetune_cli(image_folder: Path, tmp_path: Path, *extra: str, pretrained: bo
         "--trainer.default_root_dir", str(tmp_path), *extra,
     ]  # fmt: skip
     pretrained_args = ["--model.net.init_args.weights_file", str(weights)]
-    return ProjectCLI(
-        args=[*args, *(pretrained_args if pretrained else ["--model.net.init_args.pretrained", "false"])],
-        run=False,
-    )
+    return build([*args, *(pretrained_args if pretrained else ["--model.net.init_args.pretrained", "false"])])
 
 
 def test_the_data_uses_the_backbones_stats_unless_the_config_sets_its_own(image_folder, tmp_path):

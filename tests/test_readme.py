@@ -6,7 +6,7 @@ import shlex
 import pytest
 import yaml
 
-from project.cli import TOOLS, ProjectCLI
+from project.cli import TOOLS, run_command
 from tests.conftest import PACKAGE, ROOT
 
 COMMANDS = [
@@ -37,7 +37,7 @@ def test_readme_command_parses(command, image_folder, capsys, monkeypatch):
         return
     args = [a for a in args if a != "--print_config"] + ["--print_config"]
     with pytest.raises(SystemExit) as exit_info:
-        ProjectCLI(args=args)
+        run_command(args)
     assert exit_info.value.code in (0, None), capsys.readouterr().err
     assert "model" in yaml.safe_load(capsys.readouterr().out)
 

@@ -21,7 +21,7 @@ import yaml
 from optuna.storages import RetryHeartbeatStaleTrialCallback
 from optuna.trial import TrialState
 
-from project.cli import ProjectCLI, fit_parser, main
+from project.cli import fit_parser, main, run_command
 from project.studies.search import as_flags, check_search, load_search
 from project.studies.trial_pruning import PRUNED_ATTR, STORAGE_ENV, TrialPruning
 from project.studies.tune import parse_args
@@ -201,7 +201,7 @@ def test_the_best_config_is_the_users_config_with_the_best_parameters(tmp_path, 
     )
     assert yaml.safe_load(parser.dump(written)) == yaml.safe_load(parser.dump(expected))
     with pytest.raises(SystemExit) as exit_info:  # and `fit --config <it>` takes it unchanged
-        ProjectCLI(args=["fit", "--config", str(best), "--print_config"])
+        run_command(["fit", "--config", str(best), "--print_config"])
     assert exit_info.value.code in (0, None)
     assert "| 1 | COMPLETE | 0.8000 | 0.0200 | 0.2000 |" in (tmp_path / "study" / "trials.md").read_text()
     assert json.loads((tmp_path / "study" / "trials.json").read_text())["best_trial"] == 1
@@ -327,7 +327,7 @@ def test_a_three_trial_study_prunes_the_bad_trial_and_its_best_config_reproduces
     ran.pop("ckpt_path", None), ran.pop("weights_only")  # how `fit` loads a checkpoint, set by the CLI
     assert _set(best) == _set(ran)  # the saved config spells out the unset (null) values too
     with pytest.raises(SystemExit) as exit_info:
-        ProjectCLI(args=["fit", "--config", str(study_dir / "best_config.yaml"), "--print_config"])
+        run_command(["fit", "--config", str(study_dir / "best_config.yaml"), "--print_config"])
     assert exit_info.value.code in (0, None)
 
 

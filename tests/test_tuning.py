@@ -13,7 +13,7 @@ from lightning.pytorch.callbacks import Callback
 
 from project.callbacks.tuning.batch_size_finder import MaxBatchSizeFinder
 from project.callbacks.tuning.lr_finder import LRFinder
-from project.cli import ProjectCLI, main
+from project.cli import Run, main, run_command
 from project.models import MLP
 from tests.conftest import CONFIGS
 from tests.tiny_fit import command_args, readme_commands, tiny_args
@@ -48,7 +48,7 @@ class StopAfterFirstStep(Callback):
         trainer.should_stop = trainer.global_step >= 1  # with gradient accumulation, after several batches
 
 
-def finder(cli: ProjectCLI, kind: type) -> Callback:
+def finder(cli: Run, kind: type) -> Callback:
     (callback,) = [c for c in cli.trainer.callbacks if isinstance(c, kind)]
     return callback
 
@@ -59,7 +59,7 @@ def test_readme_tuning_commands_are_the_tested_ones():
 
 def test_lr_finder_prints_a_finite_suggestion_and_saves_its_curve(fake_cifar, tmp_path, capsys):
     args = command_args(LR_FIND) + tiny_args(fake_cifar, tmp_path, logger=True)
-    cli = ProjectCLI(args=[*args, "--trainer.callbacks.num_training_steps", "24"])
+    cli = run_command([*args, "--trainer.callbacks.num_training_steps", "24"])
     wandb.finish()  # flush the offline run before reading it back
     out = capsys.readouterr().out
 
@@ -90,9 +90,7 @@ def test_lr_finder_prints_a_finite_suggestion_and_saves_its_curve(fake_cifar, tm
 
 def test_lr_finder_apply_trains_with_the_suggestion(fake_cifar, tmp_path, capsys):
     args = command_args(LR_FIND_APPLY) + tiny_args(fake_cifar, tmp_path)
-    cli = ProjectCLI(
-        args=[*args, "--trainer.callbacks.num_training_steps", "20", "--trainer.max_epochs", "1"]
-    )
+    cli = run_command([*args, "--trainer.callbacks.num_training_steps", "20", "--trainer.max_epochs", "1"])
     lr = finder(cli, LRFinder).suggestion
     assert "Training continues with it" in capsys.readouterr().out
     # The whole epoch was trained, under a OneCycle schedule rebuilt around the suggestion.
@@ -117,7 +115,7 @@ def test_lr_finder_without_enough_batches_says_why(fake_cifar, tmp_path, capsys)
 
 def test_batch_size_finder_returns_a_power_of_two_within_its_bounds(fake_cifar, tmp_path, capsys):
     args = command_args(BATCH_SIZE) + tiny_args(fake_cifar, tmp_path)
-    cli = ProjectCLI(args=[*args, "--trainer.callbacks.init_val", "4", "--trainer.callbacks.max_val", "32"])
+    cli = run_command([*args, "--trainer.callbacks.init_val", "4", "--trainer.callbacks.max_val", "32"])
     out = capsys.readouterr().out
     # On the CPU nothing runs out of memory: the search ends at max_val, and says why.
     assert finder(cli, MaxBatchSizeFinder).optimal_batch_size == 32
@@ -133,8 +131,8 @@ def test_batch_size_finder_is_bounded_by_the_dataset(fake_cifar, tmp_path, capsy
     handler.emit = lambda record: records.append(record.getMessage())
     lightning_log.addHandler(handler)
     try:
-        cli = ProjectCLI(
-            args=[*args, "--trainer.callbacks.init_val", "128", "--trainer.callbacks.max_val", "4096"]
+        cli = run_command(
+            [*args, "--trainer.callbacks.init_val", "128", "--trainer.callbacks.max_val", "4096"]
         )
     finally:
         lightning_log.removeHandler(handler)
@@ -153,7 +151,7 @@ def test_batch_size_finder_after_oom_keeps_the_effective_batch(fake_cifar, tmp_p
         "--model.net", f"{__name__}.MemoryBoundMLP", "--model.net.max_batch", "16",
         "--trainer.max_epochs", "15", "--trainer.callbacks+", f"{__name__}.StopAfterFirstStep",
     ]  # fmt: skip
-    cli = ProjectCLI(args=args)
+    cli = run_command(args)
     out = capsys.readouterr().out
     assert finder(cli, MaxBatchSizeFinder).optimal_batch_size == 16
     assert "16 is the largest size tried (fits in memory)" in out

@@ -9,7 +9,7 @@ import pytest
 import yaml
 from wandb.sdk.launch.sweeps.utils import create_sweep_command_args
 
-from project.cli import ProjectCLI
+from project.cli import build, run_command
 from tests.conftest import CONFIGS, ROOT, run_cli
 from tests.fakes import CIFAR10_CLASSES
 from tests.wandb_reader import read_records, read_run
@@ -41,7 +41,7 @@ def test_offline_run_records_metrics_config_confusion_matrix_and_worst_predictio
     assert any(k.startswith("gradients/net.") for k in keys) and any(
         k.startswith("parameters/net.") for k in keys
     )
-    assert run["config"]["wandb_dashboard"]["watch"] == "all"
+    assert run["config"]["wandb_dashboard"]["init_args"]["watch"] == "all"
     assert run["config"]["model"]["init_args"]["net"]["class_path"] == "project.models.SimpleCNN"
 
     # The confusion matrix: a 10 x 10 table of counts over the 100 validation images, logged every epoch.
@@ -87,7 +87,7 @@ def test_sweep_config_resolves_to_a_valid_fit_command(capsys, monkeypatch):
     args = [a for a in command[5:] if a != "${args}"] + flags + ["--print_config"]
     monkeypatch.chdir(ROOT)
     with pytest.raises(SystemExit) as exit_info:
-        ProjectCLI(args=args)
+        run_command(args)
     assert exit_info.value.code in (0, None), capsys.readouterr().err
     config = yaml.safe_load(capsys.readouterr().out)
     assert (
@@ -99,7 +99,7 @@ def test_sweep_config_resolves_to_a_valid_fit_command(capsys, monkeypatch):
         == values["model.optimizer.init_args.weight_decay"]
     )
     assert config["model"]["init_args"]["label_smoothing"] == values["model.label_smoothing"]
-    assert config["trainer"]["max_epochs"] == 15 and config["wandb_dashboard"]["watch"] is None
+    assert config["trainer"]["max_epochs"] == 15 and config["wandb_dashboard"]["init_args"]["watch"] is None
 
 
 def test_offline_wandb_does_not_log_checkpoints_as_artifacts(fake_cifar, tmp_path, capsys):
@@ -111,7 +111,7 @@ def test_offline_wandb_does_not_log_checkpoints_as_artifacts(fake_cifar, tmp_pat
     )
     args = ["--config", str(CONFIGS / "cifar10.yaml"), "--config", str(config)]
     args += ["--data.data_dir", str(fake_cifar), "--trainer.default_root_dir", str(tmp_path)]
-    cli = ProjectCLI(args=args, run=False)
+    cli = build(args)
     assert "warning: W&B is offline: checkpoints are not logged as artifacts" in capsys.readouterr().err
     (logger,) = cli.trainer.loggers
     assert logger._offline and not logger._log_model

@@ -106,10 +106,10 @@ def collect_run_info() -> dict[str, Any]:
 class RunInfo(Callback):
     """Records the run's code version and software in the run folder, the loggers and each checkpoint."""
 
-    def __init__(self, settings: dict[str, Any] | None = None) -> None:
-        self.settings = (
-            settings  # the run's config as given, recorded in checkpoints (see project.run.resume)
-        )
+    def __init__(self) -> None:
+        #: The run's settings as given, recorded in every checkpoint: what `--ckpt_path last` matches (the
+        #: command sets them from its plan, project.run.resume).
+        self.settings: dict[str, Any] | None = None
         self.info: dict[str, Any] | None = None
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

@@ -1,37 +1,35 @@
-"""The run's configuration: `fit`'s parser and defaults, and the tools' command lines, in one place.
+"""A command's config: its parser and defaults, read with LightningCLI, and the tools' command lines.
 
-`python -m project fit` (project.cli.ProjectCLI) and every tool (export, serve, cv, tune, ...) read a config the
-same way: `fit_parser` holds the template's defaults (loggers, callbacks, the task) and the links data -> model;
-`parse_fit_args` reads `--config` files and flags with it and names a bad key or value in one line;
-`parse_tool_args` makes a tool's command line from its typed, documented function.
+`python -m project fit|validate|test|predict` (project.cli.commands) and every tool (export, serve, cv, tune, ...)
+read a config the same way: the template's defaults (loggers, the task), the default callbacks listed in
+configs/callbacks/default.yaml (each under its own key), and the links data -> model. `parse` reads a command's
+`--config` files and flags with LightningCLI's parser and builds nothing; `parse_fit_args` reads them for a tool;
+a bad file, key or value is one line naming it. `parse_tool_args` makes a tool's command line from its typed,
+documented function.
 """
 
+import copy
 import importlib
 import inspect
 import re
+import sys
+import types
 from collections.abc import Callable, Sequence
+from functools import cache
 from pathlib import Path
 from typing import Any
 
 import yaml
 from jsonargparse import ActionConfigFile, ArgumentParser, Namespace  # pyright: ignore[reportPrivateImportUsage]  # exported, not in __all__
-from lightning.pytorch import Trainer
-from lightning.pytorch.callbacks import LearningRateMonitor, RichProgressBar
+from lightning.pytorch import Callback, Trainer
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
-from project import models
-from project.callbacks import (
-    BestAndLastCheckpoint,
-    DataWaitMonitor,
-    GradientNormMonitor,
-    NonFiniteGuard,
-    PredictionWriter,
-    WandbDashboard,
-    import_named,
-)
-from project.callbacks.network_summary import NetworkSummary
+from project import SUBCOMMANDS, USAGE, models
+from project.callbacks import import_named
+from project.cli.lightning_notices import quiet_lightning_notices
 from project.data import ImageDataModule
 from project.errors import UserError, find_user_error
+from project.lightning_private import give_config_dump
 from project.run.run_folder import DEFAULT_ROOT_DIR
 from project.tasks import ImageClassifier, ImageTask
 
@@ -56,24 +54,46 @@ TRAINER_DEFAULTS: dict[str, Any] = {
 }
 #: The task a config that names none trains.
 DEFAULT_TASK = f"{ImageClassifier.__module__}.{ImageClassifier.__qualname__}"
+#: The callbacks every run has, each under its own key: a file a user reads and edits, read as the parser is built.
+DEFAULT_CALLBACKS = Path(__file__).resolve().parents[2] / "configs" / "callbacks" / "default.yaml"
 
 
-def add_project_arguments(parser: LightningArgumentParser) -> None:
-    """The always-on callbacks, each configurable under its own key, and the data -> model links."""
+@cache
+def default_callbacks() -> dict[str, dict[str, Any]]:
+    """The default callbacks (configs/callbacks/default.yaml): key -> `{class_path, init_args}`."""
+    try:
+        listed = yaml.safe_load(DEFAULT_CALLBACKS.read_text()) or {}
+    except (OSError, yaml.YAMLError) as e:
+        raise UserError(f"cannot read the default callbacks {DEFAULT_CALLBACKS}: {e}") from None
+    for key, spec in listed.items():
+        if not (isinstance(spec, dict) and isinstance(spec.get("class_path"), str)):
+            raise UserError(f"{DEFAULT_CALLBACKS}: {key} names no callback (`{key}: {{class_path: ...}}`)")
+    return listed
+
+
+def add_project_arguments(parser: LightningArgumentParser, command: str | None) -> list[str]:
+    """The template's own settings: the default callbacks, each under its own key (null: a run without it), the
+    Trainer method's arguments of `command` (`ckpt_path`, ...), whether `fit` tests its best checkpoint, and
+    the data -> model links. Returns the names of the method's arguments."""
     parser.set_defaults({"model": {"class_path": DEFAULT_TASK}})
-    # monitor None: the task's own metric (ImageTask.monitor), set by the run plan; the file name follows it.
-    parser.add_lightning_class_args(BestAndLastCheckpoint, "checkpoint")
-    parser.set_defaults({"checkpoint.save_last": True})
-    parser.add_lightning_class_args(LearningRateMonitor, "lr_monitor")
-    parser.add_lightning_class_args(RichProgressBar, "progress_bar")
-    parser.add_lightning_class_args(NetworkSummary, "model_summary")
-    parser.set_defaults({"model_summary.max_depth": 2})
-    parser.add_lightning_class_args(PredictionWriter, "prediction_writer")
-    # Cheap training diagnostics and the W&B dashboard (README "Training diagnostics").
-    parser.add_lightning_class_args(GradientNormMonitor, "grad_norm")
-    parser.add_lightning_class_args(NonFiniteGuard, "nonfinite_guard")
-    parser.add_lightning_class_args(DataWaitMonitor, "data_wait")
-    parser.add_lightning_class_args(WandbDashboard, "wandb_dashboard")
+    for key, spec in default_callbacks().items():
+        parser.add_argument(
+            f"--{key}",
+            type=Callback | None,  # pyright: ignore[reportArgumentType]
+            help=f"A default callback ({DEFAULT_CALLBACKS.parent.name}/{DEFAULT_CALLBACKS.name}); null: none",
+        )
+        parser.set_defaults({key: spec})
+    method_args = []
+    if command is not None:
+        skip = set[str | int](LightningCLI.subcommands()[command])
+        method_args = parser.add_method_arguments(Trainer, command, skip=skip)
+    if command == "fit":
+        parser.add_argument(
+            "--test_after_fit",
+            type=bool,
+            default=True,
+            help="Test the best checkpoint on the data's test split after fitting, where it has one",
+        )
 
     # Each link applies where its target exists: a task or network without the argument is left alone.
     parser.link_arguments("data.num_classes", "model.init_args.num_classes", apply_on="instantiate")
@@ -82,6 +102,7 @@ def add_project_arguments(parser: LightningArgumentParser) -> None:
     net = "model.init_args.net.init_args"
     parser.link_arguments("data.num_classes", f"{net}.num_classes", apply_on="instantiate")
     parser.link_arguments("data.input_shape", f"{net}.input_shape", apply_on="instantiate")
+    return method_args
 
 
 def check_config_file(path: str) -> str:
@@ -160,6 +181,82 @@ def task_class(class_path: str) -> type | None:
         return None
 
 
+def _short_usage(parser: Any, file: Any = None) -> None:
+    (file or sys.stderr).write(f"usage: {parser.prog} [--config CONFIG] [--KEY VALUE ...]\n")
+
+
+def _one_line_error(parser: Any, message: str, ex: Exception | None = None) -> Any:
+    return type(parser).error(parser, parse_error_line(message), ex)
+
+
+class CommandLine(LightningCLI):
+    """A command's config, parsed by LightningCLI and built into nothing: the command builds it, with its run's plan
+    applied (project.cli.commands).
+
+    Attributes:
+        command: The command (`fit`, `validate`, `test`, `predict`), or None for the pieces alone.
+        parser: LightningCLI's parser: the template's defaults, the default callbacks, the links data -> model.
+        config: The config as given (what the run saves as its config.yaml).
+        dumped: The same as plain values, dumped once (the run plan's settings, the task's saved hyperparameters).
+        method_args: The Trainer method's own arguments of the command (`ckpt_path`, `weights_only`, ...).
+    """
+
+    def __init__(self, command: str | None, args: Sequence[str]) -> None:
+        self.command = command
+        self.method_args: list[str] = []
+        args = [str(a) for a in args]
+        name = f"{USAGE} {command}" if command else USAGE
+        super().__init__(
+            model_class=ImageTask,
+            subclass_mode_model=True,
+            datamodule_class=ImageDataModule,
+            subclass_mode_data=True,
+            seed_everything_default=SEED,
+            trainer_defaults=TRAINER_DEFAULTS,
+            save_config_callback=None,  # the command adds its own (project.callbacks.save_config)
+            auto_configure_optimizers=False,
+            parser_kwargs={
+                "prog": name,
+                "description": SUBCOMMANDS.get(str(command), "Image model settings."),
+            },
+            args=args,
+            run=False,  # one parser, the command's: the command runs the Trainer itself
+        )
+
+    def init_parser(self, **kwargs: Any) -> LightningArgumentParser:
+        parser = super().init_parser(**kwargs)
+        # jsonargparse prints the full usage (hundreds of options) above a parse error; one line is enough,
+        # with its tip to run --help and the error itself.
+        parser.print_usage = types.MethodType(_short_usage, parser)
+        parser.error = types.MethodType(_one_line_error, parser)
+        return parser
+
+    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        self.method_args = add_project_arguments(parser, self.command)
+
+    def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
+        before_parsing(args)
+        self.config = parser.parse_args(args)
+
+    def before_instantiate_classes(self) -> None:
+        # Dumped once, after the seed is chosen (`seed_everything: true` draws one), without validating: parsing
+        # has just validated the config, and a validating dump checks every class in it again, rebuilding their
+        # parsers, to write the same text. LightningCLI's instantiators (what a task built from the config
+        # records for `load_from_checkpoint`) read this dump instead of making their own.
+        text = self.parser.dump(self.config, skip_unset=False, skip_link_targets=False, skip_validation=True)
+        self.dumped = yaml.safe_load(text)
+        give_config_dump(self, copy.deepcopy(self.dumped))  # (they write the linked values into theirs)
+
+    def instantiate_classes(self) -> None:
+        """Nothing: the command instantiates the config, with its run's plan applied."""
+
+
+def parse(command: str | None, args: Sequence[str]) -> CommandLine:
+    """The config of `python -m project <command> <args>`, parsed (`--help` and `--print_config` answer here)."""
+    quiet_lightning_notices()  # (again for a script or notebook that runs a command without `main`)
+    return CommandLine(command, args)
+
+
 def fit_parser() -> LightningArgumentParser:
     """The parser of `python -m project fit`, built without running anything: for the tool commands, which read
     a run's config files (or its saved config.yaml) and instantiate only the pieces they need."""
@@ -170,8 +267,7 @@ def fit_parser() -> LightningArgumentParser:
     parser.set_defaults({f"trainer.{key}": value for key, value in TRAINER_DEFAULTS.items()})
     parser.add_lightning_class_args(ImageTask, "model", subclass_mode=True)
     parser.add_lightning_class_args(ImageDataModule, "data", subclass_mode=True)
-    add_project_arguments(parser)
-    parser.add_method_arguments(Trainer, "fit", skip=set(LightningCLI.subcommands()["fit"]))
+    add_project_arguments(parser, "fit")
     return parser
 
 

@@ -58,20 +58,20 @@ class RunPlan:
     def apply(self, config: Namespace) -> Namespace:
         """A copy of the whole parsed config with the plan's decisions in it, to instantiate the run from."""
         config = config.clone()
-        sub = config[self.subcommand] if self.subcommand else config
         if self.subcommand:
-            sub.ckpt_path = self.ckpt_path
-        if "weights_only" in sub and sub.weights_only is None:
+            config.ckpt_path = self.ckpt_path
+        if "weights_only" in config and config.weights_only is None:
             # Explicit rather than torch's default: tensors and plain values only, never arbitrary objects.
-            sub.weights_only = True
-        if self.monitor is not None and sub.get("checkpoint") is not None:
-            sub.checkpoint.monitor, sub.checkpoint.mode = self.monitor
-        for logger, args in zip(logger_configs(sub.trainer), self.logger_args, strict=True):
+            config.weights_only = True
+        checkpoint = callback_args(config, "checkpoint")
+        if self.monitor is not None and checkpoint is not None:
+            checkpoint.monitor, checkpoint.mode = self.monitor
+        for logger, args in zip(logger_configs(config.trainer), self.logger_args, strict=True):
             if args is not None:
                 logger.init_args = Namespace(**args)
-        if self.run_dir is not None and not logger_configs(sub.trainer):
+        if self.run_dir is not None and not logger_configs(config.trainer):
             # Without a logger Lightning writes into default_root_dir itself: into the run's folder instead.
-            sub.trainer.default_root_dir = str(self.run_dir)
+            config.trainer.default_root_dir = str(self.run_dir)
         return config
 
 
@@ -92,7 +92,7 @@ def plan_run(subcommand: str | None, config: Namespace, dumped: dict[str, Any], 
         check_writable(root, "trainer.default_root_dir")
         run_dir = (resume.run_dir if resume else None) or claim_run_folder(root)
         lock_run_folder(run_dir)
-    checkpoint = config.get("checkpoint")
+    checkpoint = callback_args(config, "checkpoint")
     monitor = None
     if task is not None and checkpoint is not None and checkpoint.get("monitor") is None:
         monitor = (task.monitor, task.monitor_mode)
@@ -115,7 +115,7 @@ def resolve_ckpt_path(
     ckpt = str(ckpt)
     if ckpt not in ("last", "best"):
         return ckpt, None, load_checkpoint(ckpt)
-    checkpoint_config = config.get("checkpoint")
+    checkpoint_config = callback_args(config, "checkpoint")
     dirpath = checkpoint_config.get("dirpath") if checkpoint_config else None
     found = find_run_to_continue(root, dirpath, settings, whole=subcommand == "fit")
     if found is None:
@@ -138,6 +138,13 @@ def resolve_ckpt_path(
     # The folder of the run that wrote it; recorded too, for checkpoints kept elsewhere (checkpoint.dirpath).
     run_dir = run_folder_of(last) or (recorded if recorded is not None and recorded.is_dir() else None)
     return str(last), Resume(last, step, run_dir, info.get("wandb_run_id")), checkpoint
+
+
+def callback_args(config: Namespace, key: str) -> Namespace | None:
+    """The arguments of the default callback under `key` (`checkpoint`: configs/callbacks/default.yaml) in a parsed
+    config; None when the config has it off (`--checkpoint null`) or the parser does not know the key."""
+    callback = config.get(key)
+    return callback.get("init_args", Namespace()) if isinstance(callback, Namespace) else None
 
 
 def logger_configs(trainer_config: Any) -> list[Any]:

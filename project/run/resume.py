@@ -26,8 +26,9 @@ from project.run.checkpoints import load_checkpoint
 from project.run.run_folder import RUNS
 
 LAST_NAME = re.compile(r"^last(-v\d+)?\.ckpt$")  # Lightning versions clashing names as last-v1.ckpt, ...
-#: Settings that may differ between a run and the command that continues it: how long to train.
-MAY_CHANGE = ("ckpt_path", "trainer.max_epochs", "trainer.max_steps", "trainer.max_time")
+#: Settings that may differ between a run and the command that continues it: how long to train, and whether
+#: the fit tests its best checkpoint at the end.
+MAY_CHANGE = ("ckpt_path", "trainer.max_epochs", "trainer.max_steps", "trainer.max_time", "test_after_fit")
 #: Data settings that say how the images are read or which ones to evaluate and predict, not what the model
 #: learned from: `--ckpt_path best` finds a run's best checkpoint whatever they are.
 HOW_DATA_IS_READ = frozenset(
@@ -45,7 +46,7 @@ def run_settings(config: dict[str, Any], whole: bool = True) -> dict[str, Any]:
         if isinstance(data.get("init_args"), dict):
             data["init_args"] = {k: v for k, v in data["init_args"].items() if k not in HOW_DATA_IS_READ}
         return {"model": config.get("model"), "data": data}
-    settings = {key: value for key, value in config.items() if key != "ckpt_path"}
+    settings = {key: value for key, value in config.items() if key not in MAY_CHANGE}
     trainer = {k: v for k, v in (settings.get("trainer") or {}).items() if f"trainer.{k}" not in MAY_CHANGE}
     return {**settings, "trainer": trainer}
 

@@ -37,6 +37,7 @@ import yaml
 from project.atomic_files import atomic_write_text, check_writable
 from project.data.label_checks import data_warnings_given
 from project.errors import UserError, warn
+from project.run.plan import callback_args
 from project.run.resume import MAY_CHANGE
 from project.run.run_folder import DEFAULT_ROOT_DIR
 from project.studies.cv_results import (
@@ -161,7 +162,8 @@ def cv(
     from project.cli.config import build_datamodule, task_class
 
     task = task_class(config.model.class_path)
-    monitor = config.checkpoint.get("monitor") or getattr(task, "monitor", "monitored metric")
+    checkpoint = callback_args(config, "checkpoint") or {}
+    monitor = checkpoint.get("monitor") or getattr(task, "monitor", "monitored metric")
     check_produces_metric(config, "the cross-validation", monitor, needs_best_checkpoint=True)
     datamodule = build_datamodule(config)  # the data's checks (class counts, a val folder) before any fold
     # Class folders may lack `root/test` (testing then falls back to validation); CIFAR's is the official one.

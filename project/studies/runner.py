@@ -25,12 +25,13 @@ from jsonargparse import Namespace
 
 from project import PACKAGE
 from project.atomic_files import atomic_write_text
-from project.errors import UserError
 from project.callbacks.interrupts import STUDY_RUN_ENV
+from project.errors import UserError
+from project.run.plan import callback_args
 
 SETTINGS_FILE = "settings.json"
 #: Forwarded flags the study sets itself for every fit.
-RESERVED = ("--ckpt_path",)
+RESERVED = ("--ckpt_path", "--test_after_fit")
 
 
 class FitFailed(UserError):
@@ -75,7 +76,7 @@ def check_produces_metric(config: Namespace, what: str, metric: str, needs_best_
         )
     if not needs_best_checkpoint:
         return
-    checkpoint = config.get("checkpoint") or Namespace()
+    checkpoint = callback_args(config, "checkpoint") or Namespace()
     uses = f"{what} evaluates each run's best checkpoint"
     if trainer.get("fast_dev_run"):
         raise UserError(f"trainer.fast_dev_run={trainer.fast_dev_run} writes no checkpoints: {uses}")
@@ -196,13 +197,11 @@ class Interrupted(SystemExit):
 
 def fit_command(fit_args: Sequence[str], root_dir: Path, resume: bool) -> list[str]:
     """The command line of one fit of a study: this package's `fit` in this Python, `root_dir` its
-    trainer.default_root_dir, continuing the run there with `resume`."""
+    trainer.default_root_dir, continuing the run there with `resume`. The study reads each fit's best
+    checkpoint itself: the fit tests none (`--test_after_fit false`)."""
     command = [sys.executable, "-m", PACKAGE, "fit", *map(str, fit_args)]
-    return command + [
-        "--trainer.default_root_dir",
-        str(root_dir),
-        *(["--ckpt_path", "last"] if resume else []),
-    ]
+    command += ["--trainer.default_root_dir", str(root_dir), "--test_after_fit", "false"]
+    return command + (["--ckpt_path", "last"] if resume else [])
 
 
 def run_fit(
