@@ -12,8 +12,14 @@ ARGS ?=
 # CONSTRAINTS=` installs from the version ranges in pyproject.toml instead, unhashed (a Python or platform the
 # lock does not cover).
 CONSTRAINTS ?= constraints.txt
-# The optional dependencies installed with the project (the pins cover all of them).
-EXTRAS ?= dev,postgres,streaming
+# The optional dependencies installed with the project (the pins cover all of them): every extra pyproject.toml
+# declares but the unpinned ones. An optional part (parts.yaml) brings its own extras, so a project without the
+# part installs none of its packages.
+UNPINNED_EXTRAS := plots
+EXTRAS ?= $(subst $(space),$(comma),$(filter-out $(UNPINNED_EXTRAS),$(DECLARED_EXTRAS)))
+DECLARED_EXTRAS = $(shell awk '/^\[/ {t = ($$0 == "[project.optional-dependencies]")} t && /^[a-z0-9-]+ *= *\[/ {print $$1}' pyproject.toml)
+comma := ,
+space := $(subst ,, )
 # The lint hooks run the environment's tools (see .pre-commit-config.yaml).
 WITH_VENV := PATH="$(abspath $(VENV))/bin:$$PATH"
 
@@ -72,20 +78,21 @@ install: $(VENV)/.installed ## Create .venv and install the project with the pin
 # package dropped an old Python), and pip installs the result. Every pin carries the sha256 of each of its
 # files. Two passes: the first keeps what is pinned where it still fits (uv prefers the versions of its output
 # file) and brings what is new at its newest compatible version; the second hashes those versions afresh, so
-# no hash of an earlier lock is carried over. uv is a tool of this target only, in its own venv.
+# no hash of an earlier lock is carried over. uv is a tool of this target only, in its own venv. The `# via`
+# lines say which packages need each pin: a project made from the template without a part keeps the pins its
+# own requirements need, and only those (template/render.py).
 UV_VENV := build/uv-venv
 LOWEST_PYTHON = $(shell sed -n 's/^requires-python = ">=\([0-9.]*\).*/\1/p' pyproject.toml)
 UV_COMPILE = $(UV_VENV)/bin/uv pip compile pyproject.toml build/tools.in $(foreach e,$(subst $(comma), ,$(EXTRAS)),--extra $(e)) \
-	--universal --python-version $(LOWEST_PYTHON) --generate-hashes --no-header --no-annotate --quiet
-comma := ,
+	--universal --python-version $(LOWEST_PYTHON) --generate-hashes --no-header --quiet
 constraints: ## Re-pin constraints.txt (versions and sha256s, every supported Python) after changing pyproject.toml
 	test -x $(UV_VENV)/bin/uv || { $(PYTHON) -m venv $(UV_VENV) && $(UV_VENV)/bin/python -m pip install -q uv; }
 	mkdir -p build && printf 'pip\nsetuptools\nwheel\n' > build/tools.in
 	cp constraints.txt build/preferred.txt
 	$(UV_COMPILE) -o build/preferred.txt
-	sed -e '/^#/d' -e '/^ *--hash=/d' -e 's/ *\\$$//' build/preferred.txt > build/versions.txt
+	sed -e '/^ *#/d' -e '/^ *--hash=/d' -e 's/ *\\$$//' build/preferred.txt > build/versions.txt
 	rm -f build/hashed.txt && $(UV_COMPILE) -c build/versions.txt -o build/hashed.txt
-	{ grep '^#' constraints.txt; cat build/hashed.txt; } > build/constraints.txt
+	{ grep '^#' constraints.txt; sed '/^ *#   -c build\/versions.txt$$/d' build/hashed.txt; } > build/constraints.txt
 	mv build/constraints.txt constraints.txt
 	rm -f build/tools.in build/preferred.txt build/versions.txt build/hashed.txt
 

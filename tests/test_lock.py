@@ -19,8 +19,11 @@ from packaging.utils import canonicalize_name
 
 ROOT = Path(__file__).resolve().parent.parent
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-#: The extras `make install` installs with the pins (the Makefile's EXTRAS).
-INSTALLED_EXTRAS = re.search(r"^EXTRAS \?= (\S+)", (ROOT / "Makefile").read_text(), re.M).group(1).split(",")
+#: The extras `make install` installs with the pins (the Makefile's EXTRAS): all but the unpinned ones.
+UNPINNED_EXTRAS = (
+    re.search(r"^UNPINNED_EXTRAS := (.*)$", (ROOT / "Makefile").read_text(), re.M).group(1).split()
+)
+INSTALLED_EXTRAS = [e for e in PYPROJECT["optional-dependencies"] if e not in UNPINNED_EXTRAS]
 #: (sys_platform, platform_machine) -> the wheel platform tags pip accepts there (glibc 2.28 and up on Linux, the
 #: oldest the PyTorch wheels support; macOS 11 and up).
 PLATFORMS = {
@@ -65,7 +68,7 @@ def lock() -> list[tuple[Requirement, list[str]]]:
     text = (ROOT / "constraints.txt").read_text().replace("\\\n", " ")
     pins = []
     for line in text.splitlines():
-        if line.strip() and not line.startswith("#"):
+        if line.strip() and not line.lstrip().startswith("#"):  # `# via` lines name what requires a pin
             requirement, *hashes = line.split(" --hash=sha256:")
             pins.append((Requirement(requirement.strip()), [h.strip() for h in hashes]))
     return pins
