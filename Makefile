@@ -24,7 +24,7 @@ space := $(subst ,, )
 WITH_VENV := PATH="$(abspath $(VENV))/bin:$$PATH"
 
 .DEFAULT_GOAL := help
-.PHONY: help install constraints train test test-all typecheck lint format hooks clean clean-all
+.PHONY: help install constraints train test test-all typecheck lint format hooks docs clean clean-all
 
 help: ## List the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -122,6 +122,11 @@ format: install ## Fix what can be fixed: ruff fixes and formatting, notebook ou
 
 hooks: install ## Run the lint checks on every `git commit` (pre-commit install)
 	$(PY) -m pre_commit install
+
+# Warnings are errors: a broken link, a page left out of the table of contents or a docstring Sphinx cannot read
+# fails the build (tests/test_docs.py runs the same build, so CI does too).
+docs: install ## Build the docs site (docs/, Sphinx + MyST) into build/docs; open build/docs/index.html
+	$(VENV)/bin/sphinx-build -W --keep-going -b html docs build/docs
 
 # In logs/: metrics, configs, W&B runs, profiler traces, memory snapshots and plots go, and so do the temporary
 # checkpoints an interrupted LR or batch-size finder leaves behind; your checkpoints (*.ckpt) stay.

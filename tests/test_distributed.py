@@ -36,6 +36,7 @@ from project.distributed import sharding_units
 from project.distributed.sharding import shard_network
 from project.models import CIFARResNet, SimpleCNN
 from project.tasks import ImageClassifier
+from tests import docs_pages
 from tests.conftest import CONFIGS, PACKAGE, ROOT, newest_run, run_cli, subprocess_env
 from tests.probes import PredictionProbe
 from tests.tiny_runs import TRAIN_SIZE, VAL_SIZE, csv_logger_config, fit_args, tiny_cifar
@@ -288,14 +289,12 @@ def test_gpu_presets_parse_on_top_of_the_main_config(preset, capsys):
     )
 
 
-# -- multi-node: torchrun and SLURM, the README's commands ---------------------------------------------------
-
-README = ROOT / "README.md"  # its "Scaling out" section
+# -- multi-node: torchrun and SLURM, the commands of docs/scaling.md ------------------------------------------
 
 
 def readme_commands(prefix: str) -> list[str]:
-    lines = [line.strip().rstrip("&").strip() for line in README.read_text().splitlines()]
-    return [line for line in lines if line.startswith(prefix)]
+    """The lines of the README and the docs pages that start with `prefix` (a trailing `&` taken off)."""
+    return [line for line in docs_pages.lines() if line.startswith(prefix)]
 
 
 def free_port() -> int:
@@ -312,7 +311,7 @@ def project_args(command: str) -> list[str]:
 
 def test_readme_torchrun_commands_parse(capsys, monkeypatch):
     commands = readme_commands("torchrun ")
-    assert len(commands) >= 4, "the README's Scaling out section lists the torchrun recipes"
+    assert len(commands) >= 4, "docs/scaling.md lists the torchrun recipes"
     monkeypatch.chdir(ROOT)
     for command in commands:
         args = shlex.split(command)
@@ -327,7 +326,7 @@ def test_readme_torchrun_commands_parse(capsys, monkeypatch):
 
 @pytest.mark.slow
 def test_torchrun_two_node_ranks_on_one_machine(cifar, tmp_path):
-    """The README's CPU torchrun pair, run for real: 2 node ranks rendezvous on 127.0.0.1 and train with gloo."""
+    """The docs' CPU torchrun pair, run for real: 2 node ranks rendezvous on 127.0.0.1 and train with gloo."""
     pair = [c for c in readme_commands("torchrun ") if "127.0.0.1" in c]
     assert len(pair) == 2
     port, torchrun = free_port(), Path(sys.executable).parent / "torchrun"

@@ -13,8 +13,9 @@ from lightning.pytorch.callbacks import EMAWeightAveraging
 
 from project.cli import main
 from project.export.trained import load_trained
+from tests import docs_pages
 from tests.callback_fit import make_data, make_model, make_trainer
-from tests.conftest import CONFIGS, ROOT
+from tests.conftest import CONFIGS
 from tests.test_exact_resume import assert_same_weights, fit_args, stop_and_resume
 from tests.tiny_fit import command_args
 
@@ -97,8 +98,8 @@ def test_ema_with_sharded_weights_is_refused_in_one_line(fake_cifar, tmp_path, c
 
 
 def ema_commands() -> list[str]:
-    """The `python -m project` lines naming configs/callbacks/ema.yaml in the README and in the preset itself."""
-    texts = [(ROOT / "README.md").read_text(), (CONFIGS / "callbacks" / "ema.yaml").read_text()]
+    """The `python -m project` lines naming configs/callbacks/ema.yaml in the pages and in the preset itself."""
+    texts = [docs_pages.text(), (CONFIGS / "callbacks" / "ema.yaml").read_text()]
     lines = [line.lstrip("# ").split("  #")[0].strip() for text in texts for line in text.splitlines()]
     return sorted({line for line in lines if line.startswith("python -m project ") and "ema.yaml" in line})
 

@@ -18,6 +18,7 @@ from project.export.trained import load_trained
 from project.models import SimpleCNN, TimmNet, TorchvisionNet
 from project.tasks import ImageClassifier
 from project.tasks.factories import build_optimizer, scaled_max_lr
+from tests import docs_pages
 from tests.conftest import CONFIGS, ROOT
 from tests.tiny_fit import command_args
 
@@ -154,9 +155,9 @@ def test_timm_is_imported_only_by_a_run_that_uses_it():
 
 
 def readme_or_config_commands() -> list[str]:
-    """The `python -m project` lines of the README and of the experiment presets' comments."""
+    """The `python -m project` lines of the README, the docs pages and the experiment presets' comments."""
     texts = [
-        (ROOT / "README.md").read_text(),
+        docs_pages.text(),
         *(p.read_text() for p in (CONFIGS / "experiment").glob("*.yaml")),
     ]
     lines = [line.lstrip("# ").split("  #")[0].strip() for text in texts for line in text.splitlines()]

@@ -1,23 +1,78 @@
-"""Every `python -m project ...` command in the README parses (the end-to-end tests run their equivalents)."""
+"""Every command on every page (the README and docs/*.md) is run by a test: the `python -m project ...` lines
+parse here (the end-to-end tests run their equivalents), the `make` lines dry-run here, and each other kind of
+command has the test that runs it named in `RUNNERS`; a shell line that no kind claims fails
+`test_every_shell_command_on_every_page_is_run_by_a_test`."""
 
+import importlib
+import os
 import re
 import shlex
+import subprocess
 
 import pytest
 import yaml
 
 from project.cli import TOOLS, run_command
+from tests import docs_pages
 from tests.conftest import PACKAGE, ROOT
 
-COMMANDS = [
-    line.split("  #")[0].strip()
-    for line in (ROOT / "README.md").read_text().splitlines()
-    if line.strip().startswith("python -m project ")
-]
+COMMANDS = docs_pages.cli_commands()
+CLI = f"python -m {PACKAGE} "
+
+
+def is_make(line: str) -> bool:
+    words = shlex.split(line)
+    return "make" in words and all("=" in w for w in words[: words.index("make")])
+
+
+#: Each kind of shell command a page may hold: what it looks like, and the test that runs it (module, name).
+RUNNERS = {
+    "python -m project": (lambda c: c.startswith(CLI), ("tests.test_readme", "test_readme_command_parses")),
+    "make": (is_make, ("tests.test_readme", "test_documented_make_commands_dry_run")),
+    "torchrun": (
+        lambda c: c.startswith("torchrun ") and f" -m {PACKAGE} " in c,
+        ("tests.test_distributed", "test_readme_torchrun_commands_parse"),
+    ),
+    "sbatch the training script": (
+        lambda c: (
+            (c.startswith("sbatch ") and "train.sbatch" in c) or (c.startswith("CONFIG=") and " sbatch " in c)
+        ),
+        ("tests.test_distributed", "test_readme_sbatch_commands_pass_their_arguments"),
+    ),
+    "cv or tune inside sbatch or a shell loop": (
+        lambda c: not c.startswith(CLI) and re.search(f"{CLI}(cv|tune) ", c) is not None,
+        ("tests.test_tune", "test_the_readme_lines_that_start_studies_on_slurm_or_many_gpus_parse"),
+    ),
+    "a W&B sweep": (
+        lambda c: c.startswith(("wandb sweep ", "wandb agent ")),
+        ("tests.test_wandb_dashboard", "test_sweep_config_resolves_to_a_valid_fit_command"),
+    ),
+    "an upload to serve": (
+        lambda c: c.startswith("curl ") and "/predict" in c,
+        ("tests.test_serve", "test_serve_classifies_rejects_and_stops"),
+    ),
+}
 
 
 def test_readme_has_commands():
     assert len(COMMANDS) >= 10
+    assert len({page for page, _ in docs_pages.shell_lines()}) >= 8  # the README and the docs pages
+
+
+def test_every_shell_command_on_every_page_is_run_by_a_test():
+    unclaimed = [
+        (page, line)
+        for page, line in docs_pages.shell_lines()
+        if not any(claims(line) for claims, _ in RUNNERS.values())
+    ]
+    assert not unclaimed, f"no test runs these documented commands: add one to RUNNERS: {unclaimed}"
+    for _, (module, name) in RUNNERS.values():
+        assert callable(getattr(importlib.import_module(module), name, None)), (module, name)
+
+
+def test_the_coverage_check_fails_on_a_command_no_test_runs():
+    assert not any(claims("rm -rf logs/") for claims, _ in RUNNERS.values())
+    assert not any(claims("python -m benchmarks.serve_load") for claims, _ in RUNNERS.values())
 
 
 @pytest.mark.parametrize("command", COMMANDS)
@@ -42,13 +97,52 @@ def test_readme_command_parses(command, image_folder, capsys, monkeypatch):
     assert "model" in yaml.safe_load(capsys.readouterr().out)
 
 
+def make_commands() -> list[str]:
+    return sorted({line for _, line in docs_pages.shell_lines() if is_make(line)})
+
+
+@pytest.mark.parametrize("command", make_commands())
+def test_documented_make_commands_dry_run(command, tmp_path):
+    """Each documented `make ...` line, as make would run it (-n -B: every command printed, none executed), into
+    a venv of its own; the first run and the CPU-only route do what the pages say."""
+    words = shlex.split(command)
+    env = dict(w.split("=", 1) for w in words[: words.index("make")])
+    args = words[words.index("make") + 1 :]
+    dry = ["make", "-n", "-B", "-f", str(ROOT / "Makefile"), f"VENV={tmp_path / 'venv'}", *args]
+    run = subprocess.run(dry, cwd=ROOT, env={**os.environ, **env}, capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0 and run.stdout.strip(), run.stdout + run.stderr
+    target = next(a for a in args if "=" not in a)
+    assert re.search(rf"^{re.escape(target)}:.*## ", (ROOT / "Makefile").read_text(), re.M)  # in `make help`
+    if args == ["train"]:  # the README's first command
+        assert f"-m {PACKAGE} fit --config configs/sample.yaml" in run.stdout
+    if target == "train" and any(a.startswith("ROOT=") for a in args):
+        root = next(a for a in args if a.startswith("ROOT=")).split("=", 1)[1]
+        assert f"fit --config configs/folder.yaml --data.root {root}" in run.stdout
+    if "CONSTRAINTS=" in args:  # the version ranges, unhashed: where another index (CPU-only torch) may serve
+        assert "--require-hashes" not in run.stdout and "pip install -q -e '.[" in run.stdout
+
+
+def test_no_page_names_a_run_folder_whose_number_varies():
+    # Every command makes its own runs/version_N: a page that says version_0 is right only for the first.
+    assert not [
+        (page.name, n)
+        for page in docs_pages.PAGES
+        for n, line in enumerate(page.read_text().splitlines(), 1)
+        if "version_0" in line
+    ]
+
+
+def test_the_documented_sweeps_are_the_tested_one():
+    sweeps = [line.split()[-1] for _, line in docs_pages.shell_lines() if line.startswith("wandb sweep ")]
+    assert sweeps == ["configs/sweeps/cifar10.yaml"]  # what test_sweep_config_resolves_... resolves
+
+
 def _layout_section() -> str:
-    text = (ROOT / "README.md").read_text()
-    return text[text.index("## Layout") : text.index("\n## ", text.index("## Layout") + 1)]
+    return docs_pages.section(docs_pages.DOCS / "extending.md", "Layout")
 
 
 def _start_here_files() -> list:
-    """The files of the README's "Start here" block (`dir/a.py, b.py` names two files in dir/)."""
+    """The files of the "Start here" block of docs/extending.md (`dir/a.py, b.py` names two files in dir/)."""
     block = _layout_section().split("```")[1]
     files = []
     for line in block.splitlines():
@@ -78,7 +172,14 @@ def test_layout_names_every_folder_and_the_top_of_project_stays_small():
             len(relative.parts) == 1 or f"{folder.name}/" in layout
         ), folder
     top = {p.name for p in (ROOT / PACKAGE).iterdir() if p.is_file() and p.suffix == ".py"}
-    assert top <= {"__init__.py", "__main__.py", "errors.py", "atomic_files.py"}, top
+    assert top <= {
+        "__init__.py",
+        "__main__.py",
+        "errors.py",
+        "atomic_files.py",
+        "lightning_private.py",
+        "machine.py",
+    }, top
 
 
 def test_no_module_is_longer_than_300_lines():
@@ -87,12 +188,11 @@ def test_no_module_is_longer_than_300_lines():
 
 
 def test_the_documented_postgresql_url_has_its_driver_installed():
-    """The README's `--storage postgresql://...` works as written with the `postgres` extra: SQLAlchemy maps the
+    """The docs' `--storage postgresql://...` works as written with the `postgres` extra: SQLAlchemy maps the
     bare URL to psycopg 3, which the extra installs (psycopg2 would not be found)."""
     import sqlalchemy
 
-    text = (ROOT / "README.md").read_text()
-    urls = re.findall(r"--storage (postgresql[^\s']*)", text)
+    urls = re.findall(r"--storage (postgresql[^\s']*)", docs_pages.text())
     assert urls
     for url in urls:
         dialect = sqlalchemy.engine.make_url(url).get_dialect()

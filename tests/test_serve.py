@@ -2,8 +2,10 @@
 
 import contextlib
 import io
+import json
 import logging
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -23,6 +25,7 @@ from project.errors import UserError
 from project.export.trained import load_trained
 from project.serve.api import ClassifierAPI, Rejected
 from project.serve.server import serve
+from tests import docs_pages
 from tests.conftest import PACKAGE, ROOT
 from tests.fakes import class_images
 
@@ -118,8 +121,13 @@ def _group_alive(pgid: int) -> bool:
         return False
 
 
+def documented_uploads() -> list[str]:
+    """The pages' `curl ... /predict` lines (docs/production.md), each followed by the answer it shows."""
+    return [line for line in docs_pages.lines() if line.startswith("curl ") and "/predict" in line]
+
+
 @pytest.mark.slow
-def test_serve_classifies_rejects_and_stops(server, trained_run):
+def test_serve_classifies_rejects_and_stops(server, trained_run, tmp_path):
     client, proc, log = server
     good = _png(label=4)
     answer = client.post("/predict", files={"file": ("img.png", good, "image/png")})
@@ -128,6 +136,21 @@ def test_serve_classifies_rejects_and_stops(server, trained_run):
     assert body["class_index"] == _eager_class(trained_run.ckpt, good)
     assert body["class_name"] == client.get("/info").json()["model"]["classes"][body["class_index"]]
     assert 0.1 <= body["probability"] <= 1.0
+
+    # The documented upload, run with curl as written but for the image and the port, answers the same.
+    (image := tmp_path / "upload.png").write_bytes(good)
+    lines = docs_pages.lines()
+    assert documented_uploads()
+    for command in documented_uploads():
+        words = shlex.split(command.replace("path/to/image.jpg", str(image)))
+        words = [w.replace("127.0.0.1:8000", f"{client.base_url.host}:{client.base_url.port}") for w in words]
+        shown = json.loads(lines[lines.index(command) + 1].lstrip("# "))  # the answer the page shows
+        run = subprocess.run([*words, "--silent", "--show-error"], capture_output=True, text=True, timeout=60)
+        assert run.returncode == 0, run.stderr
+        reply = json.loads(run.stdout)
+        assert shown.keys() == reply.keys() == body.keys()
+        assert (reply["class_index"], reply["class_name"]) == (body["class_index"], body["class_name"])
+        assert reply["probability"] == pytest.approx(body["probability"], abs=1e-5)
 
     # Bad uploads: each a 4xx with a message; the server keeps serving.
     text = client.post("/predict", files={"file": ("notes.txt", b"not an image", "text/plain")})

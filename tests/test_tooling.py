@@ -19,6 +19,7 @@ import pytest
 import tomllib
 import yaml
 
+from tests import docs_pages
 from tests.conftest import PACKAGE, ROOT
 
 #: The project's distribution (pyproject.toml's name: what pip installs, `<name>.egg-info`).
@@ -250,8 +251,8 @@ def test_the_pinned_pip_is_installed_first_and_alone(tmp_path):
 
 
 def test_every_extra_the_readme_installs_is_declared():
-    # `pip install -e '.[plots]'` and the like: pip only warns about an extra that does not exist.
-    named = re.findall(r"pip install -e ['\"]\.\[([a-z,-]+)\]['\"]", (ROOT / "README.md").read_text())
+    # `pip install -e '.[plots]'` and the like, on any page: pip only warns about an extra that does not exist.
+    named = re.findall(r"pip install -e ['\"]\.\[([a-z,-]+)\]['\"]", docs_pages.text())
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     assert {"plots", "streaming", "postgres"} <= {e for n in named for e in n.split(",")} <= set(extras)
 
@@ -267,7 +268,7 @@ def test_ci_workflow_runs_the_readme_test_command_on_every_supported_python():
     setup = next(s for s in test["steps"] if s.get("uses", "").startswith("actions/setup-python"))
     assert setup["with"]["python-version"] == "${{ matrix.python }}" and setup["with"]["cache"] == "pip"
     assert "constraints.txt" in setup["with"]["cache-dependency-path"]
-    readme_test = re.search(r"^(make test-all)\b", (ROOT / "README.md").read_text(), re.M).group(1)
+    readme_test = re.search(r"^(make test-all)\b", docs_pages.text(), re.M).group(1)  # docs/development.md
     runs = [s["run"] for s in test["steps"] if "run" in s]
     assert any(run.startswith(readme_test + " ") and "CONSTRAINTS" not in run for run in runs)  # the pins
     assert any(s.get("run", "").startswith("make lint") for s in workflow["jobs"]["lint"]["steps"])

@@ -26,6 +26,7 @@ from project.studies.search import as_flags, check_search, load_search
 from project.studies.trial_pruning import PRUNED_ATTR, STORAGE_ENV, TrialPruning
 from project.studies.tune import parse_args
 from project.studies.tune_results import write_study
+from tests import docs_pages
 from tests.conftest import CONFIGS, ROOT, run_cli, subprocess_env
 from tests.folder_fits import tiny_fit_args, tiny_folder
 
@@ -234,13 +235,13 @@ def test_each_fit_of_a_study_gets_its_own_wandb_service(tmp_path, monkeypatch):
 
 
 def test_the_readme_lines_that_start_studies_on_slurm_or_many_gpus_parse(tmp_path):
-    """The `python -m project cv|tune` commands inside the README's sbatch and shell-loop lines and its prose (the lines
-    that start with `python -m project` are parsed by tests/test_readme.py)."""
+    """The `python -m project cv|tune` commands inside the pages' sbatch and shell-loop lines and their prose (the
+    lines that start with `python -m project` are parsed by tests/test_readme.py)."""
     from project.studies import cv
     from project.studies.runner import parse_fit_args
 
     embedded = []
-    for line in (ROOT / "README.md").read_text().splitlines():
+    for line in docs_pages.text().splitlines():
         if not line.startswith("python -m project ") and (
             found := re.search(r"python -m project (cv|tune) [^'&`]*", line)
         ):

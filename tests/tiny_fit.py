@@ -1,12 +1,13 @@
 """Arguments that turn any `python -m project fit ...` command into a run of seconds on the fake CIFAR files.
 
-The debugging and tuning tests run the README's commands with these appended (later flags win): a tiny
+The debugging and tuning tests run the documented commands with these appended (later flags win): a tiny
 MLP instead of the ResNet, the fake dataset (400 training images), full precision on the CPU.
 """
 
 import shlex
 from pathlib import Path
 
+from tests import docs_pages
 from tests.conftest import ROOT
 
 TINY_NET = ["--model.net", "project.models.MLP", "--model.net.init_args.hidden", "32"]
@@ -31,10 +32,6 @@ def command_args(command: str) -> list[str]:
 
 
 def readme_commands(*folders: str) -> list[str]:
-    """The README's `python -m project` lines that use a config from one of `folders` (e.g. configs/debug/)."""
-    lines = (ROOT / "README.md").read_text().splitlines()
-    return [
-        line.split("  #")[0].strip()
-        for line in lines
-        if line.strip().startswith("python -m project ") and any(f in line for f in folders)
-    ]
+    """The `python -m project` lines of the README and the docs pages that use a config from one of `folders`
+    (e.g. configs/debug/)."""
+    return docs_pages.cli_commands(*folders)

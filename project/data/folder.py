@@ -13,8 +13,10 @@ class ImageFolderDataModule(ImageFilesDataModule):
     `ImageFilesDataModule`).
 
     Layouts (class names come from the folder names, sorted):
-      - `root/train/<class>/*` with optional `root/val/<class>/*` and `root/test/<class>/*`;
-      - or `root/<class>/*`, split into train/val by `val_fraction` (stratified, seeded).
+
+    - `root/train/<class>/*` with optional `root/val/<class>/*` and `root/test/<class>/*`;
+    - or `root/<class>/*`, split into train/val by `val_fraction` (stratified, seeded).
+
     Without `root/val`, validation is split off the training folder. Files with other extensions are skipped.
 
     Args:
