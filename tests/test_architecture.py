@@ -18,7 +18,9 @@ def modules(*names: str) -> list[str]:
 
 #: From the bottom up: a module may import only modules of its own floor or below, at module level or inside a
 #: function (a lazy import is an arrow all the same: it runs when the function does). An optional extra is reached
-#: from below by name alone (`importlib.import_module` of a string a config or a registry holds).
+#: from below by name alone (`importlib.import_module` of a string a config or a registry holds). A tool command
+#: reads a fit config with the CLI's parser, so it sits above the CLI wherever its file is: `prepare` lives with
+#: the streaming source it writes for, and nothing below imports it.
 FLOORS = [
     modules("", "errors", "models", "machine"),
     modules("atomic_files", "lightning_private"),
@@ -27,7 +29,7 @@ FLOORS = [
     modules("tasks"),
     modules("callbacks"),
     modules("cli"),
-    modules("studies", "export", "__main__"),
+    modules("studies", "export", "__main__", "data.prepare"),
     modules("serve"),
 ]
 
@@ -103,7 +105,7 @@ def upward_imports(graph: dict[str, set[str]]) -> list[str]:
 
 
 def test_imports_never_run_upward():
-    assert upward_imports(import_graph(lazy=False)) == []
+    assert upward_imports(import_graph(lazy=True)) == []
 
 
 def test_the_rule_sees_an_import_inside_a_function():
@@ -248,6 +250,7 @@ FIT_CORE = set(
         "run.run_folder",
         "run.startup",
         "lightning_private",
+        "machine",
         "loggers",
         "loggers.wandb",
     )

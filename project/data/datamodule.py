@@ -1,6 +1,5 @@
 """`ImageDataModule`: loader settings and on-device augmentation shared by every image DataModule."""
 
-import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -15,11 +14,7 @@ from project.data.samplers import ResumableLoader, ResumableSampler, ShardSample
 from project.data.targets import Classes, TargetKind
 from project.data.tensor_dataset import TensorImageDataset, collate_pre_batched
 from project.errors import UserError
-
-
-def available_cpus() -> int:
-    """CPUs this process may run on (respects taskset/cgroups, unlike os.cpu_count)."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+from project.machine import available_cpus
 
 
 def per_device_batch_size(

@@ -15,7 +15,7 @@ import torch
 from torch.utils.data import Dataset
 from torchvision.transforms import v2
 
-from project.data.datamodule import ImageDataModule, available_cpus
+from project.data.datamodule import ImageDataModule
 from project.data.folds import KFoldMixin, check_class_counts, iterative_stratification
 from project.data.image_cache import (
     ImageCache,
@@ -36,6 +36,7 @@ from project.data.label_checks import check_class_names
 from project.data.targets import Classes, Tags, TargetKind
 from project.data.tensor_dataset import TensorImageDataset
 from project.errors import UserError, warn
+from project.machine import available_cpus
 
 #: Largest `image_size`: one 8192 x 8192 RGB image is 200 MB as uint8 and 800 MB as the float32 the network
 #: sees; larger ones are a typo (or a whole-slide image, which wants tiles, not one input).

@@ -572,7 +572,7 @@ def _write_splits(
 ) -> dict[str, Any]:
     """Write every split of `source` under `root` (a local folder or the bucket's URL) and return the metadata
     to write last; `shown` is how messages name the output."""
-    from project.data.datamodule import available_cpus
+    from project.machine import available_cpus
 
     workers = num_workers or available_cpus()
     classes, targets = source.classes, source.targets

@@ -18,9 +18,9 @@ from typing import Any
 import numpy as np
 
 from project.atomic_files import atomic_write_text
-from project.data.datamodule import available_cpus
 from project.export.decoding import Decoder, OneClass
 from project.export.runtimes import Runtime
+from project.machine import available_cpus
 
 COLUMNS = [
     "variant",

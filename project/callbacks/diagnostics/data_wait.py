@@ -9,7 +9,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_warn
 
 from project.callbacks.diagnostics.grad_norm import logs_this_step
-from project.data.datamodule import available_cpus
+from project.machine import available_cpus
 
 
 class DataWaitMonitor(Callback):
