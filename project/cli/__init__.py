@@ -20,8 +20,9 @@ import project.models  # noqa: F401
 from project import SUBCOMMANDS, TOOLS, USAGE, print_commands
 from project.callbacks import interrupts
 from project.cli.commands import COMMANDS, Run, build, fit, fit_summary, predict, run_command, test, validate
-from project.cli.config import SEED, fit_parser, parse_fit_args, split_args
+from project.cli.config import SEED, fit_parser, parse_fit_args
 from project.cli.lightning_notices import quiet_lightning_notices
+from project.cli.tool_args import split_args
 from project.errors import find_user_error
 from project.loggers.wandb import finish_runs
 from project.run.run_folder import release_run_folders

@@ -640,7 +640,7 @@ def _check_complete(root: str, shown: str, split: str, bucket: _Bucket | None) -
 
 def parse_args(args: list[str]) -> dict[str, Any]:
     """The keyword arguments of `prepare` for a command line (checks it without running anything)."""
-    from project.cli.config import parse_tool_args
+    from project.cli.tool_args import parse_tool_args
 
     return parse_tool_args(prepare, args, prog="python -m project prepare")
 

@@ -275,7 +275,7 @@ def export(
 
 def parse_args(args: list[str]) -> dict:
     """The keyword arguments of `export` for a command line (checks it without running anything)."""
-    from project.cli.config import parse_tool_args
+    from project.cli.tool_args import parse_tool_args
 
     return parse_tool_args(export, args, prog="python -m project export")
 

@@ -119,7 +119,7 @@ def predict_onnx(
 
 def parse_args(args: list[str]) -> dict:
     """The keyword arguments of `predict_onnx` for a command line (checks it without running anything)."""
-    from project.cli.config import parse_tool_args
+    from project.cli.tool_args import parse_tool_args
 
     return parse_tool_args(predict_onnx, args, prog="python -m project predict_onnx")
 

@@ -273,7 +273,7 @@ def quantize(
 
 def parse_args(args: list[str]) -> dict:
     """The keyword arguments of `quantize` for a command line (checks it without running anything)."""
-    from project.cli.config import parse_tool_args
+    from project.cli.tool_args import parse_tool_args
 
     return parse_tool_args(quantize, args, prog="python -m project quantize")
 

@@ -5,7 +5,7 @@ never the trainer or its loggers. The config is parsed by `fit`'s own parser (`p
 so short class names, stacked `--config` files and `--model.*` / `--data.*` overrides mean the same thing here.
 Weights and preprocessing facts come from the checkpoint, loaded with `weights_only=True`.
 
-Each tool is a typed Python function; `project.cli.parse_tool_args` makes its command line from the function's
+Each tool is a typed Python function; `project.cli.tool_args.parse_tool_args` makes its command line from the function's
 signature and docstring, and hands the `--config` files and other flags to the config parser.
 """
 

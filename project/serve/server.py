@@ -141,7 +141,7 @@ def _stop_gracefully_on_signals() -> None:
 
 def parse_args(args: list[str]) -> dict:
     """The keyword arguments of `serve` for a command line (checks it without running anything)."""
-    from project.cli.config import parse_tool_args
+    from project.cli.tool_args import parse_tool_args
 
     return parse_tool_args(serve, args, prog="python -m project serve")
 

@@ -235,7 +235,7 @@ def cv(
 
 def parse_args(args: list[str]) -> dict:
     """The keyword arguments of `cv` for a command line (checks it without running anything)."""
-    from project.cli.config import parse_tool_args
+    from project.cli.tool_args import parse_tool_args
 
     return parse_tool_args(cv, args, prog="python -m project cv")
 

@@ -247,7 +247,7 @@ def tune(
 
 def parse_args(args: list[str]) -> dict:
     """The keyword arguments of `tune` for a command line (checks it without running anything)."""
-    from project.cli.config import parse_tool_args
+    from project.cli.tool_args import parse_tool_args
 
     return parse_tool_args(tune, args, prog="python -m project tune")
 
