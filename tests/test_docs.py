@@ -2,11 +2,14 @@
 link or anchor, a page left out of the table of contents, a docstring reStructuredText cannot read fail here.
 
 The quick test reads every page and docstring and resolves every reference (Sphinx's `dummy` builder writes no
-files); the slow one writes the HTML site itself."""
+files); the slow one writes the HTML site itself. Each builds a copy of docs/ of its own (the package and
+benchmarks/ linked in), so builds running at once never share the API pages a build generates."""
 
 import re
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -14,10 +17,19 @@ from tests import docs_pages
 from tests.conftest import PACKAGE, ROOT
 
 
-def sphinx_build(builder: str, out) -> str:
-    """`sphinx-build -W --keep-going` of docs/ into `out`; its output, after checking that it passed."""
-    command = [sys.executable, "-m", "sphinx", "-W", "--keep-going", "-q", "-b", builder, "docs", str(out)]
-    run = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=900)
+def docs_copy(folder: Path, package: Path = ROOT / PACKAGE) -> Path:
+    """A repository of the docs alone in `folder`: docs/ copied (without its generated API pages), the package
+    and benchmarks/ linked; returns its docs folder."""
+    shutil.copytree(docs_pages.DOCS, folder / "docs", ignore=shutil.ignore_patterns("api", "__pycache__"))
+    (folder / "benchmarks").symlink_to(ROOT / "benchmarks")
+    (folder / PACKAGE).symlink_to(package)
+    return folder / "docs"
+
+
+def sphinx_build(docs: Path, builder: str, out: Path) -> str:
+    """`sphinx-build -W --keep-going` of `docs` into `out`; its output, after checking that it passed."""
+    command = [sys.executable, "-m", "sphinx", "-W", "--keep-going", "-q", "-b", builder, str(docs), str(out)]
+    run = subprocess.run(command, cwd=docs.parent, capture_output=True, text=True, timeout=900)
     output = run.stdout + run.stderr
     warnings = [line for line in output.splitlines() if re.search(r"\b(WARNING|ERROR|CRITICAL)\b", line)]
     assert run.returncode == 0 and not warnings, "\n".join(warnings) or output[-3000:]
@@ -35,15 +47,16 @@ def modules() -> set[str]:
 
 
 def test_every_page_and_docstring_reads_without_a_warning(tmp_path):
-    sphinx_build("dummy", tmp_path / "out")
+    docs = docs_copy(tmp_path / "repo")
+    sphinx_build(docs, "dummy", tmp_path / "out")
     # The API pages are made at every build, one per module: none missing, none left from a module gone.
-    assert {p.stem for p in (docs_pages.DOCS / "api").glob("*.rst")} == modules()
+    assert {p.stem for p in (docs / "api").glob("*.rst")} == modules()
 
 
 @pytest.mark.slow
 def test_the_site_builds_without_a_warning(tmp_path):
     out = tmp_path / "html"
-    sphinx_build("html", out)
+    sphinx_build(docs_copy(tmp_path / "repo"), "html", out)
     for page in docs_pages.PAGES[1:]:  # every docs page is in the site (the README is the repository's)
         assert (out / page.with_suffix(".html").name).is_file(), page.name
     assert len(list((out / "api").glob("*.html"))) == len(modules())
@@ -51,18 +64,13 @@ def test_the_site_builds_without_a_warning(tmp_path):
     assert "Photo recipes" in (out / "benchmarks.html").read_text()
 
 
-def test_the_check_fails_on_a_page_with_a_broken_link(tmp_path, monkeypatch):
-    """The build fails on a warning: a page linking to an anchor no page has, in a copy of the docs."""
-    import shutil
-
-    copy = tmp_path / "repo"
-    shutil.copytree(docs_pages.DOCS, copy / "docs", ignore=shutil.ignore_patterns("api"))
-    (copy / "docs" / "security.md").write_text("# Security\n\nSee [nothing](data.md#no-such-section).\n")
-    (copy / "benchmarks").mkdir()
-    shutil.copy(ROOT / "benchmarks" / "README.md", copy / "benchmarks" / "README.md")
-    (copy / PACKAGE).mkdir()
-    (copy / PACKAGE / "__init__.py").write_text('"""A package."""\n')
-    (copy / PACKAGE / "__main__.py").write_text("")
-    monkeypatch.setattr(sys.modules[__name__], "ROOT", copy)
+def test_a_broken_link_fails_the_build(tmp_path):
+    """A page linking to a section no page has, in a copy of the docs over a package of one module."""
+    package = tmp_path / PACKAGE
+    package.mkdir()
+    (package / "__init__.py").write_text('"""A package."""\n')
+    (package / "__main__.py").write_text("")
+    docs = docs_copy(tmp_path / "repo", package)
+    (docs / "security.md").write_text("# Security\n\nSee [nothing](data.md#no-such-section).\n")
     with pytest.raises(AssertionError, match="no-such-section"):
-        sphinx_build("dummy", tmp_path / "out")
+        sphinx_build(docs, "dummy", tmp_path / "out")
