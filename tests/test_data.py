@@ -111,18 +111,19 @@ def test_folder_cached_and_per_image_paths_agree(image_folder, tmp_path, cache):
 
 
 def test_folder_errors_name_the_path(tmp_path):
+    missing = folder_dm(tmp_path / "missing", tmp_path)  # constructing reads nothing
     with pytest.raises(UserError, match="does not exist"):
-        folder_dm(tmp_path / "missing", tmp_path)
+        missing.class_names  # noqa: B018  # the first scan: what the data -> model links ask for
     (tmp_path / "empty_root").mkdir()
     with pytest.raises(UserError, match="no class sub-folders"):
-        folder_dm(tmp_path / "empty_root", tmp_path)
+        folder_dm(tmp_path / "empty_root", tmp_path).setup("fit")
     root = tmp_path / "root"
     (root / "cats").mkdir(parents=True)
     (root / "dogs").mkdir()
     Image.new("RGB", (10, 10)).save(root / "cats" / "a.png")
     (root / "dogs" / "readme.txt").write_text("no images here")
     with pytest.raises(UserError, match=r"class folder .*dogs contains no images"):
-        folder_dm(root, tmp_path)
+        folder_dm(root, tmp_path).class_names  # noqa: B018
 
 
 def test_folder_train_val_test_layout_and_predict_root(tmp_path):

@@ -72,14 +72,13 @@ class ImageCSVDataModule(ImageFilesDataModule):
         label_columns: list[str] | None = None,
         **kwargs: Any,
     ) -> None:
-        self.csvs = {"train": existing_file(csv, "data.csv")}
-        for split, path, key in (("val", val_csv, "data.val_csv"), ("test", test_csv, "data.test_csv")):
-            if path is not None:
-                self.csvs[split] = existing_file(path, key)
-        self.predict_csv = existing_file(predict_csv, "data.predict_csv") if predict_csv else None
-        self.images = Path(images).expanduser().resolve() if images else self.csvs["train"].resolve().parent
-        if not self.images.is_dir():
-            raise UserError(f"data.images {self.images} does not exist or is not a directory")
+        self._given = {
+            "train": csv,
+            "val": val_csv,
+            "test": test_csv,
+            "predict": predict_csv,
+            "images": images,
+        }
         if label_columns is not None and label_column is not None:
             raise UserError(
                 "give data.label_column (one column of labels) or data.label_columns (0/1 columns), not both"
@@ -103,8 +102,45 @@ class ImageCSVDataModule(ImageFilesDataModule):
         self.path_column, self.label_column, self.label_columns = path_column, label_column, label_columns
         self.target_kind = Values if values else Tags if multilabel or label_columns is not None else Classes
         self.label_separator = label_separator
-        self._finder = FileFinder(self.images)
+        self._found: tuple[dict[str, Path], Path | None, Path, FileFinder] | None = None
         super().__init__(**kwargs)
+
+    def _files(self) -> tuple[dict[str, Path], Path | None, Path, FileFinder]:
+        """(the CSV of each split, the CSV to predict, the images' folder, its file finder), checked once."""
+        if self._found is None:
+            given = self._given
+            csvs = {"train": existing_file(given["train"], "data.csv")}
+            for split, key in (("val", "data.val_csv"), ("test", "data.test_csv")):
+                if given[split] is not None:
+                    csvs[split] = existing_file(given[split], key)
+            predict = existing_file(given["predict"], "data.predict_csv") if given["predict"] else None
+            images = (
+                Path(given["images"]).expanduser().resolve()
+                if given["images"]
+                else csvs["train"].resolve().parent
+            )
+            if not images.is_dir():
+                raise UserError(f"data.images {images} does not exist or is not a directory")
+            self._found = (csvs, predict, images, FileFinder(images))
+        return self._found
+
+    @property
+    def csvs(self) -> dict[str, Path]:
+        """The CSV of each split the data has (`train`, and `val`/`test` where given)."""
+        return self._files()[0]
+
+    @property
+    def predict_csv(self) -> Path | None:
+        return self._files()[1]
+
+    @property
+    def images(self) -> Path:
+        """The folder the CSVs' paths are relative to."""
+        return self._files()[2]
+
+    @property
+    def _finder(self) -> FileFinder:
+        return self._files()[3]
 
     def scan(self, split: str) -> LabelledFiles | None:
         if split not in self.csvs:

@@ -27,13 +27,27 @@ class ImageFolderDataModule(ImageFilesDataModule):
 
     def __init__(self, root: str, **kwargs: Any) -> None:
         self.root = Path(root).expanduser()
+        super().__init__(**kwargs)
+
+    @property
+    def train_dir(self) -> Path:
+        """The folder of the training classes: `root/train`, or `root` itself."""
         if not self.root.is_dir():
             raise UserError(f"data.root {self.root} does not exist or is not a directory")
-        split_layout = (self.root / "train").is_dir()
-        self.train_dir = self.root / "train" if split_layout else self.root
-        self.val_dir = self.root / "val" if split_layout and (self.root / "val").is_dir() else None
-        self.test_dir = self.root / "test" if split_layout and (self.root / "test").is_dir() else None
-        super().__init__(**kwargs)
+        return self.root / "train" if (self.root / "train").is_dir() else self.root
+
+    def _split_dir(self, split: str) -> Path | None:
+        """`root/val` or `root/test` beside `root/train`, or None."""
+        folder = self.root / split
+        return folder if self.train_dir != self.root and folder.is_dir() else None
+
+    @property
+    def val_dir(self) -> Path | None:
+        return self._split_dir("val")
+
+    @property
+    def test_dir(self) -> Path | None:
+        return self._split_dir("test")
 
     def scan(self, split: str) -> LabelledFiles | None:
         if split == "train":

@@ -50,9 +50,9 @@ class ImageFilesDataModule(KFoldMixin, ImageDataModule):
     has no such split: validation is then split off the training files by `val_fraction`, stratified and seeded,
     and testing falls back to validation). A source also says the kind of its labels (`target_kind`,
     `project.data.targets`: classes by default, or each image's tags, or its real values), which says how they
-    are encoded and what stratifies the validation split and the folds. A subclass sets what `scan`
-    needs before calling `__init__`, which scans the training split at once: its class names are linked into
-    the model, and its checks run before anything trains.
+    are encoded and what stratifies the validation split and the folds. Constructing reads nothing: the
+    training split is scanned (and checked) when something first asks for it, as the data -> model links do
+    for the class names before anything trains.
 
     Every image is converted to RGB (grayscale, RGBA and palette images too), its shorter side resized to
     `image_size` and centre-cropped. With `cache: true` (default) this happens once: the images land in a
@@ -122,24 +122,28 @@ class ImageFilesDataModule(KFoldMixin, ImageDataModule):
         self._caches: dict[str, ImageCache] = {}
         self._bad: dict[str, dict[int, str]] = {}  # unreadable files of a split, without the cache
         self._bad_told: set[str] = set()  # the splits whose unreadable files were named
-        train = self.scanned("train")
+        self.val_fraction = val_fraction
+        self._given_stats = mean is not None and std is not None
+        if mean is not None and std is not None:
+            self.mean, self.std = tuple(mean), tuple(std)
+
+    def _check(self, train: LabelledFiles) -> None:
+        """What the training split's scan decides, checked once, before anything is built from it: the label
+        names, the other splits' labels against training's, the validation split and the folds."""
         counts = self.targets.counts(train.labels)
         if counts is not None:  # names that group images (classes, tags), not the names of values
             check_class_names(train.classes, counts, self.labels_source(), self.targets.noun)
         has_val = self.scanned("val") is not None
         self.scanned("test")  # its labels checked against training's now, not after the whole fit
-        if not has_val and not 0.0 < val_fraction < 1.0:
+        if not has_val and not 0.0 < self.val_fraction < 1.0:
             raise UserError(
-                f"data.val_fraction must be in (0, 1) when the data has no validation split, got {val_fraction}"
+                "data.val_fraction must be in (0, 1) when the data has no validation split, got "
+                f"{self.val_fraction}"
             )
-        self.val_fraction = val_fraction
         if self.num_folds is not None:
             if has_val:
                 raise UserError(self.folds_with_val_split())
             check_class_counts(train.labels, self.num_folds, self.targets)
-        self._given_stats = mean is not None and std is not None
-        if mean is not None and std is not None:
-            self.mean, self.std = tuple(mean), tuple(std)
 
     # -- what a source defines ---------------------------------------------------------------------------------
     def scan(self, split: str) -> LabelledFiles | None:
@@ -201,9 +205,16 @@ class ImageFilesDataModule(KFoldMixin, ImageDataModule):
 
     # -- building the splits --------------------------------------------------------------------------------
     def scanned(self, split: str) -> Any:
-        """`scan(split)`, once per split (typed loosely: `train` is never None)."""
+        """`scan(split)`, once per split (typed loosely: `train` is never None). Nothing is read before the first
+        call: the data -> model links ask for the class names, which scans the training split and checks it."""
         if split not in self._scans:
             self._scans[split] = self.scan(split)
+            if split == "train":
+                try:
+                    self._check(self._scans[split])  # pyright: ignore[reportArgumentType]  # train: never None
+                except BaseException:
+                    del self._scans[split]  # checked again, and refused again, on the next call
+                    raise
         return self._scans[split]
 
     def has_test_split(self) -> bool:

@@ -131,22 +131,37 @@ class StreamingImageDataModule(KFoldMixin, ImageDataModule):
         self.source_size: int = decode_size or image_size
         self.cache_dir = cache_dir
         self.max_cache_size = max_cache_size
-        self.meta = read_metadata(self.input_dir)
-        splits = self.meta["splits"]
-        if predict_split is not None and predict_split not in splits:
-            raise UserError(
-                f"data.predict_split {predict_split!r} is not a split of {self.input_dir} ({', '.join(splits)})"
-            )
-        self.predict_split = predict_split or ("test" if "test" in splits else "val")
-        self._predict_split_given = predict_split is not None
-        folds = self.meta.get("folds")
-        if self.num_folds is not None and (not folds or len(folds["sizes"]) != self.num_folds):
-            recorded = f"with {len(folds['sizes'])} folds" if folds else "without folds"
-            raise UserError(
-                f"data.num_folds={self.num_folds}: {self.input_dir} was prepared {recorded}; prepare it again "
-                f"with --num_folds {self.num_folds}, or set data.num_folds to the number recorded"
-            )
-        self.mean, self.std = tuple(self.meta["mean"]), tuple(self.meta["std"])
+        self._meta: dict[str, Any] | None = None
+        self._predict_split = predict_split
+
+    @property
+    def meta(self) -> dict[str, Any]:
+        """The prepared dataset's metadata (`streaming.json`), read and checked against the settings once, when
+        something first asks for it (the data -> model links do, for the class names)."""
+        if self._meta is None:
+            meta = read_metadata(self.input_dir)
+            splits = meta["splits"]
+            if self._predict_split is not None and self._predict_split not in splits:
+                raise UserError(
+                    f"data.predict_split {self._predict_split!r} is not a split of {self.input_dir} "
+                    f"({', '.join(splits)})"
+                )
+            folds = meta.get("folds")
+            if self.num_folds is not None and (not folds or len(folds["sizes"]) != self.num_folds):
+                recorded = f"with {len(folds['sizes'])} folds" if folds else "without folds"
+                raise UserError(
+                    f"data.num_folds={self.num_folds}: {self.input_dir} was prepared {recorded}; prepare it "
+                    f"again with --num_folds {self.num_folds}, or set data.num_folds to the number recorded"
+                )
+            if not self._given_stats:  # (a pretrained network's own stats stay)
+                self.mean, self.std = tuple(meta["mean"]), tuple(meta["std"])
+            self._meta = meta
+        return self._meta
+
+    @property
+    def predict_split(self) -> str:
+        """The split `predict` reads: `predict_split`, else test, else val."""
+        return self._predict_split or ("test" if "test" in self.meta["splits"] else "val")
 
     @property
     def class_names(self) -> list[str]:
@@ -207,7 +222,7 @@ class StreamingImageDataModule(KFoldMixin, ImageDataModule):
             self.predict_set = self._dataset(self.predict_split, index=True)
             count = self.meta["splits"][self.predict_split]
             self.predict_names = [f"{self.predict_split}/{i}" for i in range(count)]
-            if not self._predict_split_given:
+            if self._predict_split is None:
                 warn(
                     f"no data.predict_split given: predicting the {self.predict_split} split of {self.input_dir} "
                     f"({count} images, named {self.predict_split}/<place in the split>); data.predict_split chooses "

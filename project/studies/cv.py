@@ -165,7 +165,9 @@ def cv(
     checkpoint = callback_args(config, "checkpoint") or {}
     monitor = checkpoint.get("monitor") or getattr(task, "monitor", "monitored metric")
     check_produces_metric(config, "the cross-validation", monitor, needs_best_checkpoint=True)
-    datamodule = build_datamodule(config)  # the data's checks (class counts, a val folder) before any fold
+    datamodule = build_datamodule(config)
+    # The data's checks (class counts, a val folder) run at its first scan, here: before any fold.
+    _ = datamodule.class_names
     # Class folders may lack `root/test` (testing then falls back to validation); CIFAR's is the official one.
     has_split = getattr(
         datamodule, "has_split", None
