@@ -13,11 +13,13 @@ from typing import Any
 
 import jsonargparse
 import pytest
+import yaml
 from lightning.pytorch.callbacks import Callback
 
 from project.callbacks import run_info
 from project.callbacks.run_info import name_and_version, package_versions
 from project.cli import main, parse_fit_args
+from project.cli.config import CommandLine
 from tests.conftest import PACKAGE, ROOT, run_python
 from tests.fakes import make_image_folder
 
@@ -93,25 +95,37 @@ def record_collector(args: list[str]) -> None:
     SEEN["enabled"] = gc.isenabled()
 
 
-def test_the_template_dumps_the_parsed_config_without_validating_it_again(tmp_path, monkeypatch):
-    """Parsing validated the config; the template's own dumps of it (the run plan's, config.yaml) check nothing
-    anew (each validation rebuilds the parser of every class in it)."""
-    validating = []
+def test_a_fit_dumps_its_config_twice_and_never_validating_it_again(tmp_path, monkeypatch):
+    """Parsing validated the config: a fit dumps it once for the run's plan and the task's saved hyperparameters
+    (LightningCLI's instantiators read that dump instead of making their own) and once for config.yaml, and
+    neither dump checks anything anew (each validation rebuilds the parser of every class in the config)."""
+    dumps = []
     original = jsonargparse.ArgumentParser.dump
 
     def recording(self: Any, cfg: Any, *args: Any, **kwargs: Any) -> Any:
         caller = sys._getframe(1)
         while caller.f_code.co_filename.endswith("_deprecated.py"):  # jsonargparse's own wrapper
             caller = caller.f_back
-        if str(ROOT / PACKAGE) in caller.f_code.co_filename and not kwargs.get("skip_validation"):
-            validating.append(f"{caller.f_code.co_filename}:{caller.f_lineno}")
+        if "jsonargparse" not in caller.f_code.co_filename:  # (its own, of a nested class's settings)
+            dumps.append((Path(caller.f_code.co_filename).name, bool(kwargs.get("skip_validation"))))
         return original(self, cfg, *args, **kwargs)
 
     monkeypatch.setattr(jsonargparse.ArgumentParser, "dump", recording)
     monkeypatch.chdir(ROOT)
     main(fit_args(tmp_path))
     assert (tmp_path / "logs" / "runs" / "version_0" / "config.yaml").is_file()
-    assert validating == []
+    assert dumps == [("config.py", True), ("save_config.py", True)]
+
+
+@pytest.mark.parametrize("config", ["folder.yaml", "cifar10.yaml", "csv_multilabel.yaml"])
+def test_the_config_read_back_from_its_json_dump_is_the_yaml_one(config, tmp_path):
+    """The plan reads the parsed config back from a JSON dump (read in C): the same values as from YAML."""
+    given = {"folder.yaml": ["--data.root", str(tmp_path)], "csv_multilabel.yaml": ["--data.csv", "x.csv"]}
+    command = CommandLine("fit", ["--config", str(ROOT / "configs" / config), *given.get(config, [])])
+    text = command.parser.dump(
+        command.config, skip_unset=False, skip_link_targets=False, skip_validation=True
+    )
+    assert command.dumped == yaml.safe_load(text)
 
 
 @pytest.mark.parametrize("config", ["folder.yaml", "cifar10.yaml"])

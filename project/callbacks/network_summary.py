@@ -8,7 +8,16 @@ from torchmetrics import Metric, MetricCollection
 
 class NetworkSummary(RichModelSummary):
     """Lightning's model summary of the network's layers: the task's metric objects (accuracies, running means,
-    the best score so far) hold no parameters and would fill most of its rows."""
+    the best score so far) hold no parameters and would fill most of its rows.
+
+    Args:
+        max_depth: How deep into the network the rows go (0: none; -1: every layer).
+    """
+
+    def __init__(self, max_depth: int = 2) -> None:
+        # Spelled out: resolving Lightning's `**summarize_kwargs` reads the source of both of its summary classes
+        # while the command line is parsed, on every run.
+        super().__init__(max_depth=max_depth)
 
     @staticmethod
     def summarize(

@@ -9,6 +9,7 @@ configs/callbacks/default.yaml (each under its own key), and the links data -> m
 
 import copy
 import importlib
+import json
 import sys
 import types
 from collections.abc import Sequence
@@ -22,7 +23,7 @@ from lightning.pytorch import Callback, Trainer
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from project import SUBCOMMANDS, USAGE
-from project.cli.config_checks import before_parsing, parse_error_line
+from project.cli.config_checks import before_parsing, load_yaml, parse_error_line
 from project.cli.lightning_notices import quiet_lightning_notices
 from project.data import ImageDataModule
 from project.errors import UserError, find_user_error
@@ -59,7 +60,7 @@ DEFAULT_CALLBACKS = Path(__file__).resolve().parents[2] / "configs" / "callbacks
 def default_callbacks() -> dict[str, dict[str, Any]]:
     """The default callbacks (configs/callbacks/default.yaml): key -> `{class_path, init_args}`."""
     try:
-        listed = yaml.safe_load(DEFAULT_CALLBACKS.read_text()) or {}
+        listed = load_yaml(DEFAULT_CALLBACKS.read_text()) or {}
     except (OSError, yaml.YAMLError) as e:
         raise UserError(f"cannot read the default callbacks {DEFAULT_CALLBACKS}: {e}") from None
     for key, spec in listed.items():
@@ -173,8 +174,11 @@ class CommandLine(LightningCLI):
         # has just validated the config, and a validating dump checks every class in it again, rebuilding their
         # parsers, to write the same text. LightningCLI's instantiators (what a task built from the config
         # records for `load_from_checkpoint`) read this dump instead of making their own.
-        text = self.parser.dump(self.config, skip_unset=False, skip_link_targets=False, skip_validation=True)
-        self.dumped = yaml.safe_load(text)
+        # As JSON: read back in C, while a YAML text would be read by PyYAML's Python parser.
+        text = self.parser.dump(
+            self.config, format="json", skip_unset=False, skip_link_targets=False, skip_validation=True
+        )
+        self.dumped = json.loads(text)
         give_config_dump(self, copy.deepcopy(self.dumped))  # (they write the linked values into theirs)
 
     def instantiate_classes(self) -> None:

@@ -3,6 +3,7 @@
 import re
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -10,6 +11,15 @@ from project import models
 from project.callbacks import import_named
 from project.cli.tool_args import config_files
 from project.errors import UserError
+
+#: PyYAML's safe loader, in C where PyYAML was built with libyaml (the same safe subset of YAML, read without a
+#: Python-level parser): every command reads its config files once before jsonargparse does.
+_SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+def load_yaml(text: str) -> Any:
+    """`yaml.safe_load(text)`, read by libyaml where PyYAML has it."""
+    return yaml.load(text, Loader=_SAFE_LOADER)  # (a safe loader)
 
 
 def check_config_file(path: str) -> str:
@@ -23,7 +33,7 @@ def check_config_file(path: str) -> str:
     except (OSError, UnicodeDecodeError) as e:
         raise UserError(f"cannot read config file {file}: {getattr(e, 'strerror', None) or e}") from None
     try:
-        content = yaml.safe_load(text)
+        content = load_yaml(text)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
