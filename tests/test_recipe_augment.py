@@ -217,7 +217,7 @@ def test_the_photos_preset_trains(image_folder, tmp_path):
         "--config",
         str(CONFIGS / "experiment" / "photos.yaml"),
     ]
-    small = ["--data.image_size", "16", "--data.cache_size", "20", "--model.net", "project.models.SimpleCNN",
+    small = ["--data.image_size", "16", "--model.net", "project.models.SimpleCNN",
              "--model.net.init_args.width", "4", "--data.num_workers", "0"]  # fmt: skip
     args = folder_args(image_folder, tmp_path, stop=-1)  # fit --config cifar10.yaml, then the settings
     main([args[0], *photos, *args[3:], *small, "--trainer.fast_dev_run", "true"])

@@ -76,6 +76,8 @@ class ImageFilesDataModule(KFoldMixin, ImageDataModule):
         cache_size: Side of the squares cached (and decoded, without the cache), when larger than `image_size`:
             each batch is then resized to `image_size` on the device, or cropped from it by `crop_scale`. The
             cache takes N x 3 x cache_size^2 bytes. Default: `image_size`.
+        source_scale: The side of those squares as a multiple of `image_size` instead (1.5: 96 px at 64, 144 at
+            96), so that a recipe's source grows with its input; give it or `cache_size`, not both.
         trivial_augment: TrivialAugmentWide (Müller & Hutter, 2021) per training image, in the loader workers.
         **kwargs: `num_folds` and `fold` (k-fold cross-validation over the training images, see `KFoldMixin`),
             and the loader and augmentation settings of `ImageDataModule` (batch_size, num_workers, ...).
@@ -97,6 +99,7 @@ class ImageFilesDataModule(KFoldMixin, ImageDataModule):
         predict_root: str | None = None,
         crop_padding: int | None = None,
         cache_size: int | None = None,
+        source_scale: float | None = None,
         trivial_augment: bool = False,
         **kwargs: Any,
     ) -> None:
@@ -105,6 +108,18 @@ class ImageFilesDataModule(KFoldMixin, ImageDataModule):
                 f"data.image_size must be between 1 and {MAX_IMAGE_SIZE} pixels (the side of the square every "
                 f"image is resized to), got {image_size}"
             )
+        if cache_size is not None and source_scale is not None:
+            raise UserError(
+                f"data.cache_size={cache_size} and data.source_scale={source_scale} both set the side of the cached "
+                "squares: give one (after a preset that sets source_scale, add --data.source_scale null)"
+            )
+        if source_scale is not None:
+            if not 1.0 <= source_scale <= MAX_IMAGE_SIZE / image_size:
+                raise UserError(
+                    f"data.source_scale must be between 1 and {MAX_IMAGE_SIZE / image_size:g} (the cached side "
+                    f"over image_size={image_size}, at most {MAX_IMAGE_SIZE} pixels), got {source_scale}"
+                )
+            cache_size = round(image_size * source_scale)
         if cache_size is not None and not image_size <= cache_size <= MAX_IMAGE_SIZE:
             raise UserError(
                 f"data.cache_size must be between image_size={image_size} and {MAX_IMAGE_SIZE}, got {cache_size}"
