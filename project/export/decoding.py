@@ -2,10 +2,12 @@
 
 The task records its kind in every checkpoint (`ImageTask.output_spec`, the `task` entry, copied into an export's
 model.json): `kind` is absent for one class per image (`ImageClassifier`), `tags` for a set of tags per image
-(`MultiLabelClassifier`). `decoder_for` turns that record into the object `export`, `predict_onnx`, `serve` and
-`quantize` ask: what to export (the network, or the network followed by its activation), how raw outputs become
-probabilities, the CSV row and HTTP answer of one image, and the quality figure of a batch. A new kind of target
-is one class here and its entry in `DECODERS`.
+(`MultiLabelClassifier`), `values` for real values per image (`ImageRegressor`: `names` are its targets).
+`decoder_for` turns that record into the object `export`, `predict_onnx`, `serve` and `quantize` ask: what to
+export (the network, or the network followed by its activation or un-standardisation), how raw outputs become
+probabilities (or values), the CSV row and HTTP answer of one image, and the quality figure of a batch. A new
+kind of target is one class (here, or in a module of its own as `values.py` holds `Values`) and its entry in
+`DECODERS`.
 """
 
 from collections.abc import Mapping, Sequence
@@ -17,6 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from project.errors import UserError
+from project.export.values import Values
 
 Array = TypeVar("Array", np.ndarray, Tensor)
 
@@ -215,7 +218,7 @@ class Tags:
 
 
 #: The decoder of each kind of target the tasks record (`output_spec()["kind"]`; absent: one class per image).
-DECODERS: dict[str, Any] = {"class": OneClass, "tags": Tags}
+DECODERS: dict[str, Any] = {"class": OneClass, "tags": Tags, "values": Values}
 
 
 def decoder_for(spec: Mapping[str, Any] | None, names: Sequence[str]) -> Decoder:
