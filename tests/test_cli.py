@@ -1,6 +1,7 @@
 """The CLI: every config parses and instantiates; links work; bad configs fail with one clear message."""
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -288,3 +289,67 @@ def test_lightning_notices_with_nothing_to_act_on_are_left_out(image_folder, tmp
     for noise in ("srun", "TPU available", "GPU available: False", "callbacks used to create the checkpoint"):
         assert not [o for o in outputs if noise in o], (noise, outputs)
     assert "val/acc" in outputs[1]  # the run itself still reports
+
+
+def test_the_default_callbacks_are_the_listed_ones_each_under_its_key(tmp_path, image_folder, monkeypatch):
+    """configs/callbacks/default.yaml lists every default callback: a flag sets its arguments, `null` leaves it out
+    for one run, and an entry deleted from the list leaves it out of every run, which goes on without it."""
+    from project.callbacks import BestAndLastCheckpoint
+    from project.callbacks.diagnostics.grad_norm import GradientNormMonitor
+    from project.cli import config
+
+    args = config_args("folder.yaml", tmp_path, image_folder) + ["--trainer.logger", "false"]
+    args += ["--data.skip_corrupt", "true", "--data.image_size", "16", "--model.net", "SimpleCNN"]
+    listed = yaml.safe_load(config.DEFAULT_CALLBACKS.read_text())
+    run = build([*args, "--checkpoint.monitor", "val/loss", "--checkpoint.mode", "min"])
+    names = [type(c).__name__ for c in run.trainer.callbacks]
+    assert {spec["class_path"].rsplit(".", 1)[1] for spec in listed.values()} - set(names) == {
+        "BestAndLastCheckpoint",  # outside fit (build's pieces) no checkpoints
+        "LearningRateMonitor",  # without a logger
+    }
+    fitted = run_command(["fit", *args, "--checkpoint.monitor", "val/loss", "--checkpoint.mode", "min",
+                          "--grad_norm", "null", "--trainer.max_steps", "1"])  # fmt: skip
+    (checkpoint,) = [c for c in fitted.trainer.callbacks if isinstance(c, BestAndLastCheckpoint)]
+    assert (checkpoint.monitor, checkpoint.mode) == ("val/loss", "min")
+    assert not [c for c in fitted.trainer.callbacks if isinstance(c, GradientNormMonitor)]
+
+    trimmed = tmp_path / "default.yaml"
+    trimmed.write_text(
+        yaml.safe_dump({k: v for k, v in listed.items() if k not in ("grad_norm", "data_wait")})
+    )
+    monkeypatch.setattr(config, "DEFAULT_CALLBACKS", trimmed)
+    config.default_callbacks.cache_clear()
+    try:
+        fitted = run_command(
+            ["fit", *args, "--trainer.max_steps", "1", "--trainer.default_root_dir", tmp_path / "b"]
+        )
+        with pytest.raises(SystemExit):  # its flags are gone with it
+            build([*args, "--grad_norm.per_layer", "false"])
+    finally:
+        config.default_callbacks.cache_clear()
+    names = {type(c).__name__ for c in fitted.trainer.callbacks}
+    assert (
+        "GradientNormMonitor" not in names
+        and "DataWaitMonitor" not in names
+        and fitted.trainer.global_step == 1
+    )
+
+
+def test_the_core_names_no_optional_part():
+    """The commands list their default callbacks in a config file: no part of the CLI or the run names the W&B
+    dashboard, which a project made without it (configs/callbacks/default.yaml without its entry) lacks."""
+    core = [*(ROOT / PACKAGE / "cli").glob("*.py"), *(ROOT / PACKAGE / "run").glob("*.py")]
+    named = [p.name for p in core if re.search(r"wandb_dashboard|WandbDashboard", p.read_text())]
+    assert named == []
+
+
+def test_a_setting_given_with_a_checkpoint_file_is_the_one_used(tmp_path, fake_cifar):
+    """`test --ckpt_path FILE --model.tta_flip true` evaluates with test-time flips: the command line's settings
+    are the run's, never silently replaced by the hyperparameters the checkpoint recorded."""
+    from tests.tiny_fit import tiny_args
+
+    args = ["--config", str(CONFIGS / "cifar10.yaml"), *tiny_args(fake_cifar, tmp_path)]
+    run_command(["fit", *args, "--trainer.max_steps", "1", "--test_after_fit", "false"])
+    (checkpoint,) = (tmp_path / "runs").glob("version_*/checkpoints/last.ckpt")
+    tested = run_command(["validate", *args, "--ckpt_path", str(checkpoint), "--model.tta_flip", "true"])
+    assert tested.model.hparams.tta_flip is True

@@ -52,7 +52,7 @@ def fit(args: Sequence[str] = ()) -> Run:
             `--KEY VALUE` flags, as `python -m project fit --help` lists them.
     """
     command = parse("fit", args)
-    plan = plan_run("fit", command.config, command.dumped, task_class(command.config.model.class_path))
+    plan = plan_for(command)
     built = instantiate(command, plan)
     data, task = built.data, built.model
     trainer_settings = for_this_machine(built.trainer)
@@ -95,7 +95,7 @@ def predict(args: Sequence[str] = ()) -> Run:
 def evaluate(name: str, args: Sequence[str]) -> Run:
     """`validate`, `test` or `predict` (`name`, the Trainer method it runs) of a command line."""
     command = parse(name, args)
-    plan = plan_run(name, command.config, command.dumped, task_class(command.config.model.class_path))
+    plan = plan_for(command)
     built = instantiate(command, plan)
     data, task = built.data, built.model
     trainer_settings = for_this_machine(built.trainer)
@@ -112,7 +112,7 @@ def build(args: Sequence[str] = ()) -> Run:
     notebook to drive (`run.trainer.fit(run.model, datamodule=run.datamodule)`). It claims no run folder and
     continues no checkpoint."""
     command = parse(None, args)
-    plan = plan_run(None, command.config, command.dumped, task_class(command.config.model.class_path))
+    plan = plan_for(command)
     built = instantiate(command, plan)
     trainer_settings = for_this_machine(built.trainer)
     callbacks = run_callbacks(command, built, trainer_settings, plan)
@@ -130,6 +130,12 @@ def run_command(args: Sequence[str]) -> Run:
 
 
 # -- building ---------------------------------------------------------------------------------------------------
+def plan_for(command: CommandLine) -> RunPlan:
+    """The run's plan (project.run.plan), decided from the config before anything is built."""
+    task = task_class(command.config.model.class_path)  # (it says what the checkpoints are ranked by)
+    return plan_run(command.command, command.config, command.dumped, task)
+
+
 def instantiate(command: CommandLine, plan: RunPlan) -> Namespace:
     """Every class the config names (the data, the task and its network, each default callback, the loggers),
     built from a copy of the config with the plan applied; then checked against one another before any data is
