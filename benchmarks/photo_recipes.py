@@ -1,11 +1,11 @@
 """Photo recipes as whole processes, on a photo dataset in root/train, root/val and root/test class folders: the
 folder recipe, torchvision's reference data path, the photos preset, each part of the preset alone on top of the
 folder recipe, and the compute ceiling; all the same network (torchvision ResNet-18 from scratch), input size
-(configs/folder.yaml's 64 px), optimizer and schedule.
+(configs/folder.yaml's 64 px, or `--image-size`), optimizer and schedule.
 
   folder     python -m project fit --config configs/folder.yaml --data.root ROOT
-  photos     ... --config configs/experiment/photos.yaml (batches of 64, random-resized crops from a 96-px
-             cache, a centred crop for evaluation)
+  photos     ... --config configs/experiment/photos.yaml (batches of 64, random-resized crops from a cache 1.5
+             times the input's side, a centred crop for evaluation)
   +crops, +trivial, +erasing, +mix, +ema, +batch64   folder plus one part (+ema: configs/callbacks/ema.yaml)
   reference  python -m benchmarks.torchvision_reference (per-sample RandomResizedCrop from the JPEGs)
   ceiling    the same training steps on tensors in memory (python -m benchmarks.torchvision_reference --in-memory)
@@ -18,6 +18,7 @@ one JSON line per run.
 
     python -m benchmarks.photo_recipes --root /tmp/clothing --epochs 10 --variants folder photos reference ceiling
     python -m benchmarks.photo_recipes --root /tmp/clothing --epochs 30 --variants folder photos --seeds 42 1 7
+    python -m benchmarks.photo_recipes --root /tmp/clothing --epochs 10 --variants folder photos --seeds 42 1 7 --image-size 96
 """
 
 import argparse
@@ -61,6 +62,7 @@ def template(variant: str, args: argparse.Namespace, work: Path, seed: int | Non
     config = [
         *FOLDER,
         *PARTS[variant],
+        *([] if args.image_size is None else ["--data.image_size", str(args.image_size)]),
         *args.extra,
         "--data.root",
         str(args.root),
@@ -100,6 +102,7 @@ def template(variant: str, args: argparse.Namespace, work: Path, seed: int | Non
 def reference(args: argparse.Namespace, in_memory: bool, batch_size: int) -> dict:
     command = [sys.executable, "-m", "benchmarks.torchvision_reference", "--root", str(args.root)]
     command += ["--epochs", str(args.epochs), "--batch-size", str(batch_size)]
+    command += [] if args.image_size is None else ["--size", str(args.image_size)]
     command += ["--in-memory"] if in_memory else []
     out, wall = run(command)
     record = json.loads(next(x for x in out.splitlines() if x.startswith("RESULT ")).removeprefix("RESULT "))
@@ -121,13 +124,26 @@ def main() -> None:
         help="template runs: seed_everything (default: the config's)",
     )
     parser.add_argument(
+        "--image-size",
+        type=int,
+        default=None,
+        help="the input's side for every run (default: configs/folder.yaml's data.image_size, 64)",
+    )
+    parser.add_argument(
         "--extra",
         type=shlex.split,
         default=[],
         help='arguments added to every template run\'s config, e.g. "--data.batch_size 64"',
     )
     args = parser.parse_args()
-    emit(benchmark="photo_recipes", **machine(), root=str(args.root), epochs=args.epochs, extra=args.extra)
+    emit(
+        benchmark="photo_recipes",
+        **machine(),
+        root=str(args.root),
+        epochs=args.epochs,
+        image_size=args.image_size,
+        extra=args.extra,
+    )
     warm_bytecode()
     for variant in args.variants:
         if variant in BATCH_SIZES:
@@ -139,6 +155,7 @@ def main() -> None:
                 emit(
                     variant=variant,
                     epochs=args.epochs,
+                    image_size=args.image_size,
                     seed=seed,
                     **template(variant, args, Path(work), seed),
                 )
