@@ -17,7 +17,7 @@ __version__ = "0.1.0"
 #: copy of the template changes no string.
 PACKAGE = __name__
 
-#: LightningCLI's subcommands (project.cli.ProjectCLI) and what they do (the Trainer methods' own summaries).
+#: The commands LightningCLI parses (project.cli.commands) and what they do (the Trainer methods' own summaries).
 SUBCOMMANDS = {
     "fit": "Runs the full optimization routine.",
     "validate": "Perform one evaluation epoch over the validation set.",

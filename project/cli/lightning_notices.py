@@ -12,7 +12,8 @@ SHORT_EPOCH_NOTICE = r"The number of training batches \(\d+\) is smaller than th
 
 def quiet_lightning_notices() -> None:
     """Leave out Lightning's notices that say nothing to act on in a template run. Safe to call again: `main`
-    calls it for the tools, and every `ProjectCLI` for notebooks and scripts that build one without `main`."""
+    calls it for the tools, and every command (project.cli.config.parse) for notebooks and scripts that run one
+    without `main`."""
     if not os.environ.get("SLURM_JOB_ID"):
         # Outside a SLURM job (a cluster's login node, a laptop with SLURM installed) the run is not meant for
         # SLURM; inside one, a command without srun would hang its other processes: the hint stays.
