@@ -8,6 +8,7 @@ the temporary file; a SIGKILL leaves at most a hidden `.NAME.<pid>.partial` besi
 truncated target.
 """
 
+import errno
 import os
 import re
 import shutil
@@ -22,6 +23,18 @@ from pathlib import Path
 PARTIAL_SUFFIX = ".partial"
 #: The hidden staging folders of `staged_outputs`, named by the process that writes them.
 STAGING = re.compile(r"^\.staging-(\d+)-")
+
+
+def is_disk_full(error: BaseException) -> bool:
+    """ENOSPC or a full quota (EDQUOT), also as torch's zip writer reports it from C++ ("unexpected pos")."""
+    return (isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT)) or any(
+        text in str(error) for text in ("unexpected pos", "No space left on device", "Disk quota exceeded")
+    )
+
+
+def no_space_left(what: str, outcome: str, fix: str) -> str:
+    """The one line every writer gives for a full disk: what it could not write, what that left, what to do."""
+    return f"no space left on the device to write {what}; {outcome}. {fix}"
 
 
 def partial_path(path: str | os.PathLike) -> Path:

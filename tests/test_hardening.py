@@ -5,12 +5,15 @@ cache, read-only outputs, an export folder that already holds an export, a faile
 In-process where the process boundary does not matter; tests/test_faults.py kills real processes.
 """
 
+import contextlib
 import errno
 import json
 import multiprocessing
+import os
 import re
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from urllib.error import URLError
 
@@ -24,7 +27,7 @@ from project.data.image_cache import ImageCache
 from project.data.images import ImageTooLarge, decode_image, open_image
 from project.errors import UserError
 from project.run.run_folder import claim_run_folder, lock_run_folder, release_run_folders
-from tests.conftest import CONFIGS, ROOT, newest_run
+from tests.conftest import CONFIGS, ROOT, newest_run, run_cli
 from tests.fakes import bomb_png
 from tests.test_bad_input import fails
 from tests.tiny_fit import tiny_args
@@ -233,6 +236,43 @@ def test_a_full_disk_is_named_and_the_previous_checkpoint_stays(fake_cifar, tmp_
     assert torch.load(folder / "last.ckpt", weights_only=True)["global_step"] == 8
 
 
+@contextlib.contextmanager
+def tmpfs(folder: Path, size: str, read_only: bool = False) -> Iterator[bool]:
+    """A tmpfs of `size` (e.g. "64k") mounted at `folder` for the block: a disk that really is full, or
+    read-only. Yields False where the machine allows no mount (not root): the caller patches the write then."""
+    folder.mkdir(parents=True, exist_ok=True)
+    options = f"size={size}" + (",ro" if read_only else "")
+    mounted = not subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(folder)], capture_output=True
+    ).returncode
+    try:
+        yield mounted
+    finally:
+        if mounted:
+            subprocess.run(["umount", str(folder)], check=True)
+def test_a_full_disk_while_caching_images_is_one_line_and_leaves_nothing(
+    image_folder, tmp_path, capsys, monkeypatch
+):
+    disk = tmp_path / "disk"
+    args = ["fit", "--config", CONFIGS / "folder.yaml", "--data.root", image_folder, "--data.skip_corrupt",
+            "true", "--data.cache_dir", disk / "cache", "--model.net", "SimpleCNN", "--trainer.max_epochs", "1",
+            "--trainer.logger", "false", "--trainer.default_root_dir", tmp_path / "logs"]  # fmt: skip
+    with tmpfs(disk, "64k") as mounted:  # the cache of 36 images at 64 px takes 0.4 MB
+        if mounted:  # a real process: a write through the memory map onto a full disk would kill it (SIGBUS)
+            out = run_cli(*map(str, args), cwd=tmp_path, check=False)
+            assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr[-3000:]
+            (line,) = [x for x in out.stderr.splitlines() if x.startswith("error:")]
+        else:
+            def no_room(fd: int, offset: int, length: int) -> None:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            monkeypatch.setattr(os, "posix_fallocate", no_room)
+            line = fails(args, capsys)
+        assert line.startswith("error: no space left on the device to write the image cache ")
+        assert line.endswith(
+            "(0.4 MB); nothing was left there. Free some space, choose another folder with --data.cache_dir, "
+            "or decode the images in the loader with --data.cache false"
+        )
+        assert [p for p in disk.rglob("*") if p.is_file()] == []  # no .partial cache file
 # -- the image cache ----------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("damage", ["truncated array", "zeroed array", "truncated json"])
 def test_a_damaged_cache_is_noticed_named_and_rebuilt(image_folder, tmp_path, damage, capsys):

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -24,6 +25,7 @@ from project.data import prepare as prepare_module
 from project.data.streaming import METADATA
 from tests.conftest import CONFIGS, subprocess_env
 from tests.fakes import make_image_folder
+from tests.test_hardening import tmpfs
 from tests.test_streaming import fit_args, one_line_error, prepare_args
 
 litdata = pytest.importorskip(
@@ -166,6 +168,27 @@ def test_a_second_prepare_into_the_same_folder_is_locked_out(images, tmp_path, c
     assert hidden_leftovers(tmp_path) == [lookalike.name]
 
 
+def test_each_prepare_has_litdata_working_folders_of_its_own(images, tmp_path, monkeypatch):
+    # litdata's optimize empties its working folders as it starts, by default the same ones for every prepare on
+    # the machine: a second prepare would delete the chunks a first one has not uploaded yet.
+    from litdata.processing import data_processor
+
+    optimize, seen = litdata.optimize, []
+
+    def recording(**kwargs) -> None:
+        seen.append((data_processor._get_cache_dir(), data_processor._get_cache_data_dir()))
+        optimize(**kwargs)
+
+    monkeypatch.setattr(litdata, "optimize", recording)
+    monkeypatch.delenv("DATA_OPTIMIZER_CACHE_FOLDER", raising=False)
+    shared = (data_processor._get_cache_dir(), data_processor._get_cache_data_dir())
+    main(prepare_args(images, tmp_path / "prepared"))
+    assert len(seen) == 2 and seen[0] == seen[1]  # train, then val
+    assert not set(seen[0]) & set(shared) and Path(seen[0][0]).parent.name.startswith(".prepare-litdata-")
+    assert not [f for f in seen[0] if Path(f).parent.exists()]  # removed after it
+    assert (data_processor._get_cache_dir(), data_processor._get_cache_data_dir()) == shared
+
+
 @pytest.mark.parametrize("chunk_bytes", ["0", "0MB", "-5", "lots"])
 def test_a_chunk_size_below_one_byte_is_refused_before_anything_is_created(
     images, tmp_path, capsys, chunk_bytes
@@ -177,6 +200,13 @@ def test_a_chunk_size_below_one_byte_is_refused_before_anything_is_created(
         in err
     )
     assert list(tmp_path.iterdir()) == []
+
+
+#: The one line of every writer for a full disk, here for prepare's output.
+FULL = (
+    "error: no space left on the device to write --output_dir {out}{at}; nothing was written there. Free some "
+    "space, or choose another --output_dir"
+)
 
 
 @pytest.mark.parametrize(
@@ -196,8 +226,53 @@ def test_a_full_or_read_only_disk_is_one_line_and_leaves_nothing(
     monkeypatch.setattr(litdata, "optimize", failing_write)
     out = tmp_path / "new" / "prepared"
     err = one_line_error(prepare_args(images, out), capsys)
-    assert f"cannot write --output_dir {out}: {reason} (" in err and err.endswith("nothing was written there")
+    if code == errno.ENOSPC:
+        staged = tmp_path / "new" / f".prepared.prepare-{os.getpid()}" / "train" / "chunk-0-0.bin"
+        assert err == FULL.format(out=out, at=f" ({staged})")
+    else:
+        assert f"cannot write --output_dir {out}: {reason} (" in err
+        assert err.endswith("nothing was written there")
     assert list(tmp_path.iterdir()) == []  # not even the parent folders it would have created
+
+
+# 36 images prepared take 7 pages of a tmpfs, their training chunk 6: a disk of 7 pages is full at the first
+# chunk, one of 10 (the lock file's page and the chunk's) after it, where litdata's writer fails unsaid.
+@pytest.mark.parametrize("size", ["28k", "40k"])
+def test_prepare_onto_a_disk_that_fills_up_is_the_full_disk_line_and_leaves_nothing(
+    tmp_path, capsys, monkeypatch, size
+):
+    images = make_image_folder(tmp_path / "images", classes=3, per_class=12, extras=False)
+    disk = tmp_path / "disk"
+    with tmpfs(disk, size) as mounted:
+        if not mounted:  # as litdata on a full disk: its writer failed unsaid, an empty index was read back
+
+            def empty_index(**kwargs) -> None:
+                raise json.JSONDecodeError("Expecting value", "", 0)
+
+            monkeypatch.setattr(litdata, "optimize", empty_index)
+            monkeypatch.setattr(prepare_module.shutil, "disk_usage", lambda path: SimpleNamespace(free=0))
+        err = one_line_error(prepare_args(images, disk / "prepared"), capsys)
+        head, tail = FULL.format(out=disk / "prepared", at="@").split("@")
+        assert err.startswith(head) and err.endswith(tail), err  # with the file it was writing, if known
+        assert list(disk.iterdir()) == []  # no staging folder, no lock
+
+
+def test_prepare_onto_a_read_only_disk_is_one_line_naming_it(images, tmp_path, capsys):
+    disk = tmp_path / "disk"
+    with tmpfs(disk, "1m", read_only=True) as mounted:
+        if not mounted:  # not root: a folder without write permission stops the writes as well
+            disk.chmod(0o555)
+        try:
+            err = one_line_error(prepare_args(images, disk / "prepared"), capsys)
+        finally:
+            if not mounted:
+                disk.chmod(0o755)
+        reason = "Read-only file system" if mounted else "Permission denied"
+        assert err == (
+            f"error: cannot write --output_dir {disk / 'prepared'}: {reason} ({disk / '.prepared.prepare.lock'}); "
+            "nothing was written there"
+        )
+        assert list(disk.iterdir()) == []
 
 
 def no_space_left(item) -> dict:
@@ -213,7 +288,7 @@ def test_a_full_disk_in_a_worker_process_is_one_line_and_leaves_nothing(
     monkeypatch.setattr(prepare_module, "encode_sample", no_space_left)
     out = tmp_path / "prepared"
     err = one_line_error(prepare_args(images, out, "--num_workers", "2"), capsys)
-    assert f"cannot write --output_dir {out}: [Errno 28] No space left on device" in err
+    assert err == FULL.format(out=out, at=" (/data/chunk-0-0.bin)")
     assert not out.exists() and hidden_leftovers(tmp_path) == []
     workers = [p for p in psutil.Process().children() if "resource_tracker" not in " ".join(p.cmdline())]
     assert [p for p in workers if p.status() != psutil.STATUS_ZOMBIE] == []

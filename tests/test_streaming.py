@@ -9,6 +9,7 @@ import signal
 from pathlib import Path
 
 import lightning as L
+import numpy as np
 import pytest
 import torch
 
@@ -365,3 +366,73 @@ def test_a_split_smaller_than_processes_times_batch_size_is_one_line(prepared):
         data.setup("fit")
     data.trainer = SimpleNamespace(world_size=1, global_rank=0, accumulate_grad_batches=1)  # pyright: ignore[reportAttributeAccessIssue]
     data.setup("fit")  # one process takes every batch
+
+
+def _cut_short(folder: Path) -> None:
+    chunk = folder / "train" / "chunk-0-0.bin"
+    chunk.write_bytes(chunk.read_bytes()[:100])
+
+
+def _edit(**entries):
+    def edit(folder: Path) -> None:
+        meta = json.loads((folder / METADATA).read_text())
+        (folder / METADATA).write_text(json.dumps({**meta, **entries}))
+
+    return edit
+
+
+@pytest.mark.parametrize(
+    ("damage", "says"),
+    [
+        (_cut_short, "the chunk train/chunk-0-0.bin has 100 bytes, its index.json records "),
+        (lambda f: (f / "train" / "chunk-0-0.bin").unlink(), "the chunk train/chunk-0-0.bin is missing"),
+        (lambda f: (f / "val" / "index.json").unlink(), "val/index.json is missing"),
+        (_edit(classes="c0 c1"), "streaming.json 'classes' must be a list of names, got c0 c1"),
+        (_edit(classes=["c0", "c0"]), "streaming.json 'classes' names 'c0' twice"),
+        (_edit(splits={"train": 99, "val": 2}, folds=None), "streaming.json says the train split holds 99 images, its index.json 10"),
+        (_edit(folds={"seed": 0, "sizes": [1, 1]}), "streaming.json 'folds' sizes add up to 2 images, the train split holds 10"),
+        (_edit(mean="0.5"), "streaming.json 'mean' and 'std' must be three numbers each (std above 0)"),
+        (_edit(splits={"train": 10}), "streaming.json 'splits' has no val images"),
+    ],
+    ids=["chunk cut short", "chunk deleted", "index deleted", "classes a string", "a class twice",
+         "split size", "fold sizes", "mean", "no val split"],
+)  # fmt: skip
+def test_a_damaged_or_hand_edited_dataset_is_one_line_before_the_fit(
+    prepared, tmp_path, capsys, damage, says
+):
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(prepared, copy)
+    damage(copy)
+    err = one_line_error(fit_args(copy, tmp_path / "logs"), capsys)
+    assert err.startswith(f"error: {copy}: {says}") and err.endswith(
+        "; the prepared dataset was edited or damaged: prepare it again (python -m project prepare ... --overwrite true)"
+    )
+    assert not (tmp_path / "logs").exists()  # stopped before the run began
+
+
+def test_a_target_outside_the_names_of_the_metadata_is_one_line_naming_the_image(prepared):
+    # streaming.json edited to fewer classes (or tags) than the chunks hold: without the check, an IndexError in
+    # the loss in the middle of training. Checked where each sample is decoded, in the loader workers.
+    from litdata import StreamingDataset
+
+    from project.data.streaming import DecodeSample
+
+    data = StreamingImageDataModule(str(prepared), image_size=8, num_workers=0)
+    data.setup("fit")
+    (own,) = [t for t in data.val_set.transform if isinstance(t, DecodeSample)]  # pyright: ignore[reportOptionalMemberAccess]
+    assert own.names == 2 and own.split == f"{prepared}/val"
+    stored = StreamingDataset(str(prepared / "val"))[0]
+    for names, target, held in [
+        (1, 1, "class number 1"),
+        (3, np.ones(2, dtype=np.uint8), "a target row of 2"),
+    ]:
+        decode = DecodeSample(8, names=names, noun="class", split=f"{prepared}/val")
+        with pytest.raises(UserError) as error:
+            decode({**stored, "target": target})
+        assert str(error.value) == (
+            f"{prepared}/val: image {stored['index']} holds {held}, but {METADATA} names {names} classes: it was "
+            "edited, or belongs to another dataset; prepare the images again"
+        )
+    assert decode({**stored, "target": np.ones(3, dtype=np.uint8)})[1].tolist() == [1.0, 1.0, 1.0]

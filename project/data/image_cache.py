@@ -19,7 +19,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader
 
-from project.atomic_files import atomic_path, atomic_write_text, check_writable
+from project.atomic_files import atomic_path, atomic_write_text, check_writable, is_disk_full, no_space_left
 from project.data.images import MAX_IMAGE_PIXELS, DecodeAll, check_image
 from project.data.tensor_dataset import collate_pre_batched
 from project.errors import UserError, warn
@@ -138,6 +138,30 @@ def damage(array_path: Path, meta: dict, shape: tuple[int, ...]) -> str | None:
     return None if images.shape == shape else f"{array_path.name} holds shape {images.shape}, not {shape}"
 
 
+def reserve_blocks(path: Path, start: int = 0) -> None:
+    """Allocate the disk blocks of the (sparse) file `path` now: an OSError (ENOSPC) here when they do not fit,
+    instead of a SIGBUS that kills the process when a write through the memory map finds the disk full. Where
+    the file system cannot allocate ahead, its bytes from `start` on (zeros still) are written once."""
+    fd = os.open(path, os.O_RDWR)
+    try:
+        size = os.fstat(fd).st_size
+        try:
+            os.posix_fallocate(fd, 0, size)
+            return
+        except AttributeError:  # macOS: no posix_fallocate
+            pass
+        except OSError as e:
+            if is_disk_full(e):
+                raise
+        # A file system that cannot allocate ahead: every block written once.
+        block = b"\0" * CHUNK
+        for at in range(start, size, CHUNK):
+            os.pwrite(fd, block[: min(CHUNK, size - at)], at)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 class ImageCache:
     """The decoded images of `files` at `size`x`size`: `.images` (N, 3, size, size) uint8 memmap, `.bad` files.
 
@@ -180,7 +204,20 @@ class ImageCache:
         check_writable(
             cache_dir, "data.cache_dir", hint="or decode images in the loader with --data.cache false"
         )
-        return cls._build(files, size, array_path, meta_path, num_workers, max_pixels)
+        try:
+            return cls._build(files, size, array_path, meta_path, num_workers, max_pixels)
+        except OSError as e:
+            if not is_disk_full(e):
+                raise
+            needed = len(files) * 3 * size * size / 2**20
+            raise UserError(
+                no_space_left(
+                    f"the image cache {array_path} ({needed:,.1f} MB)",
+                    "nothing was left there",
+                    "Free some space, choose another folder with --data.cache_dir, or decode the images in the "
+                    "loader with --data.cache false",
+                )
+            ) from None
 
     @classmethod
     def _build(
@@ -198,6 +235,7 @@ class ImageCache:
         bad: dict[int, str] = {}
         with atomic_path(array_path) as tmp:
             out = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.uint8, shape=(len(files), 3, size, size))
+            reserve_blocks(tmp, out.offset)
             loader = DataLoader(
                 DecodeAll(files, size, max_pixels),
                 batch_size=256,

@@ -28,6 +28,7 @@ import os
 import re
 import shutil
 import signal
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -35,7 +36,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from project.atomic_files import _alive, fsync_folder, stop_on_sigterm
+from project.atomic_files import _alive, fsync_folder, no_space_left, stop_on_sigterm
 from project.data.images import MAX_IMAGE_PIXELS
 from project.data.prepare_sources import (
     SourceSplits,
@@ -172,11 +173,17 @@ def _local_state(out: Path) -> str:
     return "incomplete" if (out / INCOMPLETE).is_file() else "foreign"
 
 
-def _write_error(e: OSError, shown: str) -> str:
-    """The one line for an OS error while writing the output (a read-only or full disk, no permission)."""
-    where = f" ({e.filename})" if e.filename else ""
-    reason = e.strerror or str(e)
-    return f"cannot write --output_dir {shown}: {reason}{where}; nothing was written there"
+def _write_error(code: int | None, reason: str, where: str | None, shown: str) -> str:
+    """The one line for an OS error while writing the output: a full disk as every writer says it, a read-only
+    disk or a missing permission naming the file."""
+    at = f" ({where})" if where else ""
+    if code in (errno.ENOSPC, errno.EDQUOT):
+        return no_space_left(
+            f"--output_dir {shown}{at}",
+            "nothing was written there",
+            "Free some space, or choose another --output_dir",
+        )
+    return f"cannot write --output_dir {shown}: {reason}{at}; nothing was written there"
 
 
 @contextmanager
@@ -185,13 +192,15 @@ def _writing(shown: str, url: str | None = None) -> Iterator[None]:
     try:
         yield
     except OSError as e:
-        raise UserError(hide_password(_write_error(e, shown), url or "")) from None
+        line = _write_error(e.errno, e.strerror or str(e), e.filename, shown)
+        raise UserError(hide_password(line, url or "")) from None
     except RuntimeError as e:  # litdata raises a worker's failure as a RuntimeError holding its traceback
         found = _OS_ERROR_LINE.findall(str(e))
         if not found:
             raise
         code, text = found[-1]
-        line = f"cannot write --output_dir {shown}: [Errno {code}] {text.strip()}; nothing was written there"
+        reason, _, where = text.strip().partition(": ")
+        line = _write_error(int(code), f"[Errno {code}] {reason}", where.strip("'") or None, shown)
         raise UserError(hide_password(line, url or "")) from None
 
 
@@ -577,23 +586,10 @@ def _write_splits(
     workers = num_workers or available_cpus()
     classes, targets = source.classes, source.targets
     counts: dict[str, int] = {}
-    for split, (files, labels) in source.splits.items():
-        items = [
-            (f, targets.stored(y), size, quality, source.max_pixels, i)
-            for i, (f, y) in enumerate(zip(files, labels, strict=True))
-        ]
-        with _ending_children():
-            litdata.optimize(
-                fn=encode_sample,
-                inputs=items,
-                output_dir=f"{root}/{split}",
-                chunk_bytes=chunk_bytes,
-                num_workers=min(workers, max(1, len(items))),
-                mode="overwrite",
-                verbose=False,
-            )
-        _check_complete(root, shown, split, bucket)
-        counts[split] = len(items)
+    with _own_litdata_folders():
+        for split, (files, labels) in source.splits.items():
+            counts[split] = _write_split(litdata, split, files, labels, source, root, shown, bucket, size,
+                                         quality, chunk_bytes, workers)  # fmt: skip
     stats_size = min(size or 256, source.image_size)
     mean, std = mean_std(source.splits["train"][0], stats_size, source.max_pixels)
     return {
@@ -608,6 +604,87 @@ def _write_splits(
         "std": std,
         "source": source.name,
     }
+
+
+def _write_split(
+    litdata: Any,
+    split: str,
+    files: list[Any],
+    labels: list[Any],
+    source: SourceSplits,
+    root: str,
+    shown: str,
+    bucket: _Bucket | None,
+    size: int | None,
+    quality: int,
+    chunk_bytes: int,
+    workers: int,
+) -> int:
+    """Write one split under `root` with litdata, checked complete; the number of images written."""
+    items = [
+        (f, source.targets.stored(y), size, quality, source.max_pixels, i)
+        for i, (f, y) in enumerate(zip(files, labels, strict=True))
+    ]
+    with _ending_children(), _full_disk_named(root if bucket is None else _litdata_cache(), chunk_bytes):
+        litdata.optimize(
+            fn=encode_sample,
+            inputs=items,
+            output_dir=f"{root}/{split}",
+            chunk_bytes=chunk_bytes,
+            num_workers=min(workers, max(1, len(items))),
+            mode="overwrite",
+            verbose=False,
+        )
+    _check_complete(root, shown, split, bucket)
+    return len(items)
+
+
+#: The variables naming litdata's working folders (chunks waiting for upload, downloaded inputs).
+LITDATA_FOLDERS = ("DATA_OPTIMIZER_CACHE_FOLDER", "DATA_OPTIMIZER_DATA_CACHE_FOLDER")
+
+
+@contextmanager
+def _own_litdata_folders() -> Iterator[None]:
+    """litdata's working folders for this prepare alone, removed after it. By default every `optimize` on the
+    machine shares them (in the system's temporary folder) and empties them when it starts: a second prepare,
+    into any folder, would delete the chunks a first one has not uploaded yet."""
+    saved = {name: os.environ.get(name) for name in LITDATA_FOLDERS}
+    folder = tempfile.mkdtemp(prefix=".prepare-litdata-")
+    for name, sub in zip(LITDATA_FOLDERS, ("chunks", "data"), strict=True):
+        os.environ[name] = os.path.join(folder, sub)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _litdata_cache() -> str:
+    """The local folder litdata writes chunks to before uploading them to object storage."""
+    from litdata.processing.data_processor import _get_cache_dir  # pyright: ignore[reportPrivateUsage]
+
+    return _get_cache_dir()
+
+
+@contextmanager
+def _full_disk_named(folder: str, chunk_bytes: int) -> Iterator[None]:
+    """An error of litdata's while it writes into `folder` on a disk left with less room than a chunk, as the
+    OSError it began as: its writer processes can fail on a full disk without saying so, and what then raises
+    (an empty index file read back, say) names something else."""
+    try:
+        yield
+    except Exception as e:
+        try:
+            free = shutil.disk_usage(folder).free
+        except OSError:
+            raise e from None
+        if free >= chunk_bytes + (1 << 20) or isinstance(e, OSError):
+            raise
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)) from e
 
 
 def _metadata_text(metadata: dict[str, Any]) -> str:

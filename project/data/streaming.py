@@ -38,8 +38,13 @@ class DecodeSample:
     resized to `size` and centre-cropped, as a uint8 (3, size, size) tensor with its target (int64 class, or
     float32 row: multi-hot tags, or values), or with its index in the split when `index` (prediction)."""
 
-    def __init__(self, size: int, index: bool = False) -> None:
+    def __init__(
+        self, size: int, index: bool = False, names: int | None = None, noun: str = "class", split: str = ""
+    ) -> None:
         self.size, self.index = size, index
+        # What the metadata says each target must fit (a target outside it stops in one line naming the image,
+        # not with an IndexError in the loss): `names` classes, or rows of `names` tags or values.
+        self.names, self.noun, self.split = names, noun, split
 
     def __call__(self, item: dict[str, Any]) -> tuple[Tensor, Any]:
         image = decode_image(io.BytesIO(item["image"]), self.size, MAX_IMAGE_PIXELS)
@@ -48,8 +53,20 @@ class DecodeSample:
             return x, int(item["index"])
         target = item["target"]
         if isinstance(target, np.ndarray | Tensor):
-            return x, torch.as_tensor(np.asarray(target), dtype=torch.float32)
+            row = torch.as_tensor(np.asarray(target), dtype=torch.float32)
+            if self.names is not None and row.numel() != self.names:
+                raise self._misfit(item, f"a target row of {row.numel()}")
+            return x, row
+        if self.names is not None and not 0 <= int(target) < self.names:
+            raise self._misfit(item, f"{self.noun} number {int(target)}")
         return x, int(target)
+
+    def _misfit(self, item: dict[str, Any], held: str) -> UserError:
+        nouns = f"{self.noun}es" if self.noun.endswith("s") else f"{self.noun}s"
+        return UserError(
+            f"{self.split}: image {int(item['index'])} holds {held}, but {METADATA} names {self.names} {nouns}: "
+            "it was edited, or belongs to another dataset; prepare the images again"
+        )
 
 
 _LOADER_CLASS: list[type] = []
@@ -196,7 +213,9 @@ class StreamingImageDataModule(KFoldMixin, ImageDataModule):
             drop_last=train,
             seed=run_seed(),
             max_cache_size=self.max_cache_size,
-            transform=DecodeSample(self.source_size, index=index),
+            transform=DecodeSample(
+                self.source_size, index, len(self.class_names), self.targets.noun, self._split_dir(split)
+            ),
             **kwargs,
         )
 

@@ -5,6 +5,7 @@ Kept apart from the converter, so that reading a dataset does not import it.
 """
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -90,7 +91,88 @@ def read_metadata(input_dir: str) -> dict[str, Any]:
             f"{shown}/{METADATA} is not a dataset of this version of `python -m project prepare` "
             f"(format {meta.get('format') if isinstance(meta, dict) else None}, expected {FORMAT}); prepare it again"
         )
+    problem = metadata_problem(meta)
+    if problem is None and "://" not in input_dir:
+        problem = chunks_problem(Path(input_dir).expanduser(), meta["splits"])
+    if problem is not None:
+        raise UserError(
+            f"{shown}: {problem}; the prepared dataset was edited or damaged: prepare it again (python -m project "
+            "prepare ... --overwrite true)"
+        )
     return meta
+
+
+def _count(value: Any, least: int = 0) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= least
+
+
+def _numbers(value: Any, positive: bool = False) -> bool:
+    """Whether `value` is three finite numbers (positive ones with `positive`), as mean and std are."""
+    return (
+        isinstance(value, list)
+        and len(value) == 3
+        and all(isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) for v in value)
+        and (not positive or all(v > 0 for v in value))
+    )
+
+
+def metadata_problem(meta: dict[str, Any]) -> str | None:
+    """What in a prepared dataset's metadata is not as `prepare` writes it (a hand edit, a damaged file), in
+    words naming the entry; None when every entry the DataModule reads is well-formed."""
+    classes, splits, folds = meta.get("classes"), meta.get("splits"), meta.get("folds")
+    if not isinstance(classes, list) or not classes or not all(isinstance(c, str) and c for c in classes):
+        return f"{METADATA} 'classes' must be a list of names, got {str(classes)[:80]}"
+    if len(set(classes)) != len(classes):
+        twice = next(c for c in classes if classes.count(c) > 1)
+        return f"{METADATA} 'classes' names {twice!r} twice"
+    if not isinstance(meta.get("targets", ""), str) or not isinstance(meta.get("multilabel", False), bool):
+        return f"{METADATA} 'targets' must be the kind of target prepare recorded"
+    if not isinstance(splits, dict) or not all(isinstance(k, str) and _count(n) for k, n in splits.items()):
+        return f"{METADATA} 'splits' must map each split to its number of images, got {str(splits)[:80]}"
+    for split in ("train", "val"):
+        if not _count(splits.get(split), 1):
+            return f"{METADATA} 'splits' has no {split} images"
+    if folds is not None:
+        sizes = folds.get("sizes") if isinstance(folds, dict) else None
+        if not isinstance(sizes, list) or len(sizes) < 2 or not all(_count(n, 1) for n in sizes):
+            return f"{METADATA} 'folds' must hold the sizes of two or more folds, got {str(folds)[:80]}"
+        if sum(sizes) != splits["train"] or not _count(folds.get("seed")):
+            return f"{METADATA} 'folds' sizes add up to {sum(sizes)} images, the train split holds {splits['train']}"
+    if not _numbers(meta.get("mean")) or not _numbers(meta.get("std"), positive=True):
+        return f"{METADATA} 'mean' and 'std' must be three numbers each (std above 0)"
+    if meta.get("size") is not None and not _count(meta.get("size"), 1):
+        return f"{METADATA} 'size' must be a number of pixels, got {meta.get('size')!r}"
+    return None
+
+
+def chunks_problem(folder: Path, splits: dict[str, int]) -> str | None:
+    """What is missing or cut short among the chunks of a local prepared dataset: each split's index must be
+    readable, count the images the metadata says, and name chunk files of the sizes it records; None when all
+    are there. A stat per chunk, nothing read."""
+    for split, count in splits.items():
+        index = folder / split / "index.json"
+        try:
+            content = json.loads(index.read_text())
+            chunks = content["chunks"]
+            compressed = bool((content.get("config") or {}).get("compression"))
+            listed = [(str(c["filename"]), int(c["chunk_bytes"]), int(c["chunk_size"])) for c in chunks]
+        except FileNotFoundError:
+            return f"{split}/index.json is missing"
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            return f"{split}/index.json is unreadable ({type(e).__name__}: {e})"
+        held = sum(size for _, _, size in listed)
+        if held != count:
+            return f"{METADATA} says the {split} split holds {count} images, its index.json {held}"
+        for name, size, _ in listed:
+            try:
+                found = (folder / split / name).stat().st_size
+            except OSError:
+                return f"the chunk {split}/{name} is missing"
+            if found != size and not compressed:
+                return (
+                    f"the chunk {split}/{name} has {found} bytes, its index.json records {size} (cut short)"
+                )
+    return None
 
 
 def _not_prepared(folder: Path) -> str:

@@ -10,7 +10,6 @@ Reading: a checkpoint is a pickle, and unpickling arbitrary objects can run arbi
 reads with `weights_only=True` (tensors and plain values only) and names the file and the problem in one line.
 """
 
-import errno
 import pickle
 import zipfile
 from collections.abc import Mapping
@@ -22,7 +21,7 @@ from lightning.fabric.utilities.cloud_io import get_filesystem
 from lightning.pytorch.plugins.io import AsyncCheckpointIO, CheckpointIO, TorchCheckpointIO
 from torch import nn
 
-from project.atomic_files import atomic_path
+from project.atomic_files import atomic_path, is_disk_full, no_space_left
 from project.errors import UserError
 
 
@@ -35,16 +34,12 @@ def atomic_torch_save(obj: Any, path: str | Path) -> None:
         if not is_disk_full(e):
             raise
         raise UserError(
-            f"no space left on the device to write the checkpoint {path}; the previous checkpoint there is "
-            "intact. Free some space, then resume with the same command plus --ckpt_path last"
+            no_space_left(
+                f"the checkpoint {path}",
+                "the previous checkpoint there is intact",
+                "Free some space, then resume with the same command plus --ckpt_path last",
+            )
         ) from None
-
-
-def is_disk_full(error: BaseException) -> bool:
-    """ENOSPC, also as torch's zip writer reports it from C++ ("unexpected pos")."""
-    return (isinstance(error, OSError) and error.errno == errno.ENOSPC) or any(
-        text in str(error) for text in ("unexpected pos", "No space left on device")
-    )
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
