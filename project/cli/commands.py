@@ -18,7 +18,7 @@ from jsonargparse import Namespace
 from lightning.pytorch import Trainer
 from lightning.pytorch.loggers import CSVLogger
 
-from project.cli.config import CommandLine, parse, task_class
+from project.cli.config import CommandLine, check_linked_settings, parse, task_class
 from project.cli.trainer_callbacks import run_callbacks
 from project.data import ImageDataModule
 from project.errors import UserError, find_user_error, innermost_value_error, warn
@@ -147,6 +147,7 @@ def instantiate(command: CommandLine, plan: RunPlan) -> Namespace:
         # its search through the class types a key may take: the innermost message says it.
         raise find_user_error(e) or UserError(f"{innermost_value_error(e)}") from None
     data, task = built.data, built.model
+    check_linked_settings(command.config, data, command.given)  # a linked key set by hand: refused
     check_task_fits_data(task, data)  # the kind of target: before data is read
     # A pretrained network's weights expect inputs normalised as in their training: the data uses its mean/std
     # unless the config sets data.mean/data.std (a checkpoint's own, once loaded, win over both).

@@ -7,6 +7,7 @@ configs/callbacks/default.yaml (each under its own key), and the links data -> m
 (project.cli.tool_args makes a tool's own command line); a bad file, key or value is one line naming it.
 """
 
+import contextlib
 import copy
 import importlib
 import json
@@ -25,6 +26,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from project import SUBCOMMANDS, USAGE
 from project.cli.config_checks import before_parsing, load_yaml, parse_error_line
 from project.cli.lightning_notices import quiet_lightning_notices
+from project.cli.tool_args import config_files
 from project.data import ImageDataModule
 from project.errors import UserError, find_user_error
 from project.lightning_private import give_config_dump
@@ -94,13 +96,58 @@ def add_project_arguments(parser: LightningArgumentParser, command: str | None) 
         )
 
     # Each link applies where its target exists: a task or network without the argument is left alone.
-    parser.link_arguments("data.num_classes", "model.init_args.num_classes", apply_on="instantiate")
-    parser.link_arguments("data.class_names", "model.init_args.class_names", apply_on="instantiate")
-    parser.link_arguments("data.input_shape", "model.init_args.input_shape", apply_on="instantiate")
-    net = "model.init_args.net.init_args"
-    parser.link_arguments("data.num_classes", f"{net}.num_classes", apply_on="instantiate")
-    parser.link_arguments("data.input_shape", f"{net}.input_shape", apply_on="instantiate")
+    for source, target in LINKS:
+        parser.link_arguments(f"data.{source}", target, apply_on="instantiate")
     return method_args
+
+
+#: What `fit` links from the DataModule into the task and its network: (data attribute, config key).
+LINKS = (
+    ("num_classes", "model.init_args.num_classes"),
+    ("class_names", "model.init_args.class_names"),
+    ("input_shape", "model.init_args.input_shape"),
+    ("num_classes", "model.init_args.net.init_args.num_classes"),
+    ("input_shape", "model.init_args.net.init_args.input_shape"),
+)
+
+
+def check_linked_settings(config: Namespace, data: Any, given: set[str]) -> None:
+    """A UserError when the command line or a config file sets a linked key (`LINKS`; `given`: `given_keys`) to
+    other than what the data gives: the link would replace it without a word."""
+    for source, target in LINKS:
+        key = target.replace(".init_args", "")
+        value, linked = _plain(config.get(target)), _plain(getattr(data, source, None))
+        if key in given and value != linked:
+            raise UserError(
+                f"{key}={value} is set, but it comes from the data ({type(data).__name__}: data.{source}={linked}), "
+                f"which fit links into it: leave {key} out and the data sets it"
+            )
+
+
+def given_keys(args: Sequence[str]) -> set[str]:
+    """The keys a command line sets, by flag or in its config files, as dotted paths without `init_args`."""
+    keys = set()
+    for arg in map(str, args):
+        if arg.startswith("--") and arg not in ("--config", "-c"):
+            keys.add(arg[2:].split("=", 1)[0].replace(".init_args", ""))
+    for path in config_files(args):
+        with contextlib.suppress(OSError, yaml.YAMLError):
+            keys |= _dotted(yaml.safe_load(Path(path).read_text()))
+    return keys
+
+
+def _dotted(tree: Any, prefix: str = "") -> set[str]:
+    if not isinstance(tree, dict):
+        return {prefix} if prefix else set()
+    keys = set()
+    for name, value in tree.items():
+        inner = prefix if name == "init_args" else f"{prefix}.{name}" if prefix else str(name)
+        keys |= _dotted(value, inner)
+    return keys
+
+
+def _plain(value: Any) -> Any:
+    return list(value) if isinstance(value, tuple | list) else value
 
 
 def task_class(class_path: str) -> type | None:
@@ -129,6 +176,7 @@ class CommandLine(LightningCLI):
         parser: LightningCLI's parser: the template's defaults, the default callbacks, the links data -> model.
         config: The config as given (what the run saves as its config.yaml).
         dumped: The same as plain values, dumped once (the run plan's settings, the task's saved hyperparameters).
+        given: The keys the command line sets, by flag or in its config files.
         method_args: The Trainer method's own arguments of the command (`ckpt_path`, `weights_only`, ...).
     """
 
@@ -136,6 +184,7 @@ class CommandLine(LightningCLI):
         self.command = command
         self.method_args: list[str] = []
         args = [str(a) for a in args]
+        self.given = given_keys(args)
         name = f"{USAGE} {command}" if command else USAGE
         super().__init__(
             model_class=ImageTask,

@@ -8,6 +8,7 @@ from torchmetrics import MetricCollection
 from torchmetrics.classification import MulticlassAccuracy
 
 from project.data.targets import Classes, TargetKind
+from project.errors import UserError
 from project.tasks.task import ImageTask
 
 
@@ -29,12 +30,19 @@ class ImageClassifier(ImageTask):
     def __init__(
         self, net: nn.Module, num_classes: int = 10, label_smoothing: float = 0.0, **kwargs: Any
     ) -> None:
-        if num_classes < 2:
+        if num_classes < 1:
             raise ValueError(f"ImageClassifier: num_classes must be at least 2, got {num_classes}")
         if not 0.0 <= label_smoothing < 1.0:
             raise ValueError(f"ImageClassifier: label_smoothing must be in [0, 1), got {label_smoothing}")
         super().__init__(net, **kwargs)
         self.class_names = self.class_names or [str(i) for i in range(num_classes)]
+
+    def setup(self, stage: str) -> None:
+        super().setup(stage)  # first: data of another kind (one value per image) is told as such
+        if self.hparams["num_classes"] < 2:
+            raise UserError(
+                f"ImageClassifier: num_classes must be at least 2, got {self.hparams['num_classes']}"
+            )
 
     def make_metrics(self) -> MetricCollection:
         # average="micro": accuracy is the fraction of images classified correctly (MulticlassAccuracy's own
@@ -42,7 +50,8 @@ class ImageClassifier(ImageTask):
         # compute_groups=False: torchmetrics would merge top-1 and top-k into one state if their states happen
         # to be equal after the first update (a fresh network that never ranks the first batch's class in its
         # top k, as on a class-sorted validation split), and top-k then silently reports top-1 for the run.
-        num_classes = self.hparams["num_classes"]
+        # At least 2 wide: one class is refused at setup, once data of another kind (one value) has been told.
+        num_classes = max(2, self.hparams["num_classes"])
         top5 = min(5, num_classes)
         return MetricCollection(
             {

@@ -17,6 +17,7 @@ from torchmetrics import MetricCollection
 from torchmetrics.classification import MultilabelAveragePrecision, MultilabelPrecisionRecallCurve
 
 from project.data.targets import Tags, TargetKind
+from project.errors import UserError
 from project.tasks.task import ImageTask
 
 #: The candidate thresholds (0, 0.01, ..., 1): the precision-recall curves are counted at these probabilities,
@@ -75,8 +76,8 @@ class MultiLabelClassifier(ImageTask):
         # Per-tag AP and precision-recall curves of the evaluation splits (the curves choose the thresholds).
         per_tag = MetricCollection(
             {
-                "ap": MultilabelAveragePrecision(num_classes, average=None, thresholds=bins()),
-                "curve": MultilabelPrecisionRecallCurve(num_classes, thresholds=bins()),
+                "ap": MultilabelAveragePrecision(max(2, num_classes), average=None, thresholds=bins()),
+                "curve": MultilabelPrecisionRecallCurve(max(2, num_classes), thresholds=bins()),
             },
             compute_groups=False,
         )
@@ -88,7 +89,8 @@ class MultiLabelClassifier(ImageTask):
     # -- what the task defines ------------------------------------------------------------------------------
     def make_metrics(self) -> MetricCollection:
         # Binned: a fixed-size state summed over processes, like the curves.
-        num_classes = self.hparams["num_classes"]
+        # At least 2 wide: one tag is refused at setup, once data of another kind (one value) has been told.
+        num_classes = max(2, self.hparams["num_classes"])
         return MetricCollection(
             {"map": MultilabelAveragePrecision(num_classes, average="macro", thresholds=bins())}
         )
@@ -129,6 +131,10 @@ class MultiLabelClassifier(ImageTask):
     # -- pos_weight from the training tags ------------------------------------------------------------------
     def setup(self, stage: str) -> None:
         super().setup(stage)
+        if self.hparams["num_classes"] < 2:
+            raise UserError(
+                f"MultiLabelClassifier: num_classes must be at least 2 tags, got {self.hparams['num_classes']}"
+            )
         if stage == "fit" and self.hparams["pos_weight"] == "balanced":
             counts = getattr(self.trainer.datamodule, "train_tag_counts", None)  # pyright: ignore[reportAttributeAccessIssue]
             if counts is None:

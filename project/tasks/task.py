@@ -11,6 +11,7 @@ monitors, how many outputs its network needs and what its outputs mean to deploy
 in `project/tasks/` plus a config that names it (`model: {class_path: ...}`): see README "Add a task".
 """
 
+import inspect
 from typing import Any, ClassVar, Literal
 
 import lightning as L
@@ -24,6 +25,16 @@ from project.distributed.sharding import clip_fsdp_grad_norm, shard_for_device_m
 from project.tasks.data_agreement import check_network_outputs, check_task_fits_data
 from project.tasks.factories import build_optimizer, check_optimizer, leaves_unset, lr_scales, scaled_max_lr
 from project.tasks.tta import tta_logits
+
+
+def init_arguments(cls: type) -> set[str]:
+    """The names of the arguments a class's `__init__` takes, its bases' too (where it passes `**kwargs` on)."""
+    return {
+        name
+        for c in cls.__mro__
+        if "__init__" in vars(c)
+        for name in inspect.signature(c.__init__).parameters
+    }
 
 
 class ImageTask(L.LightningModule):
@@ -114,6 +125,11 @@ class ImageTask(L.LightningModule):
         check_optimizer(optimizer)  # a negative lr etc. fails now, naming model.optimizer, not inside fit
         # The network is saved with the checkpoint's weights; its config is in the saved CLI config.
         self.save_hyperparameters(ignore=["net", "optimizer", "scheduler"])
+        # LightningCLI records every value linked into the task, also one its class does not take (the data's
+        # num_classes, for a task that reads the outputs' number from its class names): such a checkpoint's
+        # hyperparameters would not build the task again.
+        for key in [k for k in self.hparams if not k.startswith("_") and k not in init_arguments(type(self))]:
+            del self.hparams[key]
         self.net, self.optimizer, self.scheduler = net, optimizer, scheduler
         self.class_names = list(class_names or [])
         if input_shape is not None:

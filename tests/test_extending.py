@@ -1,0 +1,141 @@
+"""The extending page's "Add a network", "Add a dataset" and "Add a task" run as written: their code blocks are
+read from the page, saved where the page says, and trained."""
+
+import csv
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.conftest import CONFIGS, PACKAGE, ROOT, newest_run, run_python
+from tests.fakes import make_image_folder
+from tests.test_regression import values_csv
+
+PAGE = ROOT / "docs" / "extending.md" if (ROOT / "docs" / "extending.md").is_file() else ROOT / "README.md"
+
+
+def section(title: str) -> str:
+    text = PAGE.read_text()
+    start = text.index(f"## {title}\n")
+    end = text.find("\n## ", start + 1)
+    return text[start : end if end > 0 else None]
+
+
+def blocks(title: str, language: str) -> list[str]:
+    """The fenced `language` code blocks of the page's section `title`, as written."""
+    return re.findall(rf"```{language}\n(.*?)```", section(title), flags=re.S)
+
+
+def launcher(module_file: Path, module: str) -> str:
+    """`python -c` code that runs `python -m <package>` with `module_file` importable as `<package>.tasks.<module>`,
+    as if saved there (the package's own folder stays untouched)."""
+    return (
+        "import importlib.util, sys\n"
+        f"spec = importlib.util.spec_from_file_location('{PACKAGE}.tasks.{module}', {str(module_file)!r})\n"
+        "sys.modules[spec.name] = importlib.util.module_from_spec(spec)\n"
+        "spec.loader.exec_module(sys.modules[spec.name])\n"
+        f"from {PACKAGE}.cli import main\n"
+        "main(sys.argv[1:])\n"
+    )
+
+
+@pytest.mark.slow
+def test_add_a_task_trains_and_predicts_as_written(tmp_path):
+    (code,) = blocks("Add a task", "python")
+    (config,) = blocks("Add a task", "yaml")
+    module = re.search(r"saved as `project/tasks/(\w+)\.py`", section("Add a task"))[1]
+    task_file = tmp_path / f"{module}.py"
+    task_file.write_text(code.replace("from project.", f"from {PACKAGE}."))
+    (tmp_path / f"{module}.yaml").write_text(config.replace("project.tasks.", f"{PACKAGE}.tasks."))
+    stacked = re.search(r"\(`(--config configs/\S+ --config\s+\S+ --data.csv \S+)`\)", section("Add a task"))[
+        1
+    ]
+    data = tmp_path / "data"
+    values_csv(data, n=40)
+    args = (
+        stacked.replace("path/to/values.csv", str(data / "values.csv"))
+        .replace("configs/", f"{CONFIGS}/")
+        .split()
+    )
+    small = [
+        "--data.cache_dir", tmp_path / "cache", "--data.image_size", "8", "--data.batch_size", "8",
+        "--data.num_workers", "0", "--data.val_fraction", "0.25", "--model.net", "project.models.MLP",
+        "--model.net.init_args.hidden", "16", "--model.scheduler", "null", "--trainer.max_epochs", "3",
+        "--trainer.default_root_dir", tmp_path / "logs", "--trainer.logger", "false",
+        "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false",
+    ]  # fmt: skip
+    run_python("-c", launcher(task_file, module), "fit", *args, *small, cwd=tmp_path)
+    run = newest_run(tmp_path / "logs")
+    (best,) = (run / "checkpoints").glob("epoch*-val_mae*.ckpt")  # the task's own metric picks the checkpoint
+    assert torch.load(best, weights_only=True)["hyper_parameters"]["_class_path"].endswith(".SimpleRegressor")
+    predict = ["predict", "--config", run / "config.yaml", "--ckpt_path", best, "--trainer.logger", "false"]
+    predict += ["--prediction_writer.output_path", tmp_path / "predicted.csv"]
+    run_python("-c", launcher(task_file, module), *predict, cwd=tmp_path)
+    rows = list(csv.DictReader((tmp_path / "predicted.csv").open()))
+    assert (
+        list(rows[0]) == ["input", "value"] and len(rows) == 8
+    )  # the validation images, each with its value
+    assert all(abs(float(r["value"])) < 100 for r in rows)
+
+
+@pytest.mark.slow
+def test_add_a_network_trains_as_written(tmp_path):
+    (config,) = blocks("Add a network", "yaml")
+    name = re.search(r"class_path: (\w+)", config)[1]
+    # The network the page asks for: a plain nn.Module whose __init__ takes num_classes (and here `width`).
+    (tmp_path / "your_net.py").write_text(
+        "from torch import nn\n\n\n"
+        f"class {name}(nn.Module):\n"
+        "    def __init__(self, num_classes: int = 10, width: int = 8):\n"
+        "        super().__init__()\n"
+        "        self.layers = nn.Sequential(\n"
+        "            nn.AdaptiveAvgPool2d(4), nn.Flatten(), nn.Linear(48, width), nn.ReLU(), nn.Linear(width, num_classes)\n"
+        "        )\n\n"
+        "    def forward(self, x):\n"
+        "        return self.layers(x)\n"
+    )
+    (tmp_path / "net.yaml").write_text(config)
+    images = make_image_folder(tmp_path / "images", extras=False)
+    args = [
+        "fit",
+        "--config",
+        CONFIGS / "folder.yaml",
+        "--config",
+        tmp_path / "net.yaml",
+        "--data.root",
+        images,
+    ]
+    args += ["--data.image_size", "16", "--data.cache_dir", tmp_path / "cache", "--trainer.max_steps", "2"]
+    args += ["--trainer.default_root_dir", tmp_path / "logs", "--trainer.logger", "false"]
+    launch = f"import sys, your_net; from {PACKAGE}.cli import main; main(sys.argv[1:])"
+    run_python("-c", launch, *args, cwd=tmp_path)
+    (last,) = (tmp_path / "logs").rglob("last.ckpt")
+    weights = torch.load(last, weights_only=True)["state_dict"]
+    assert weights["net.layers.4.weight"].shape == (3, 64)  # width 64 as configured, 3 classes from the data
+
+
+def test_add_a_dataset_scans_as_written(tmp_path):
+    from project.data import ImageFilesDataModule
+    from project.data.image_cache import file_stamps
+    from project.data.images import LabelledFiles
+
+    (code,) = blocks("Add a dataset", "python")
+    names = {"Path": Path, "ImageFilesDataModule": ImageFilesDataModule, "LabelledFiles": LabelledFiles}
+    names |= {"file_stamps": file_stamps, "__name__": "extending"}
+    exec(compile(code, str(PAGE), "exec"), names)  # noqa: S102 - the page's own code
+    source = next(
+        v
+        for k, v in names.items()
+        if isinstance(v, type) and k.endswith("DataModule") and v is not ImageFilesDataModule
+    )
+    images = make_image_folder(tmp_path / "images", classes=2, per_class=6, extras=False)
+    listing = tmp_path / "images" / "listing.csv"
+    listing.write_text(
+        "".join(f"{p.relative_to(images)},{p.parent.name}\n" for p in sorted(images.glob("*/*")))
+    )
+    data = source(str(listing), image_size=8, cache_dir=str(tmp_path / "c"))
+    data.setup("fit")
+    assert data.class_names == ["c0", "c1"] and len(data.train_set) + len(data.val_set) == 12
+    x, y = next(iter(data.train_dataloader()))
+    assert x.shape[1:] == (3, 8, 8) and set(y.tolist()) <= {0, 1}
