@@ -198,8 +198,10 @@ class ImageTask(L.LightningModule):
             load_matching_weights(self, hp["init_from"])
         if hp["float32_matmul_precision"] is not None:
             torch.set_float32_matmul_precision(hp["float32_matmul_precision"])
-        if hp["channels_last"]:
+        # Once: setup runs again for a test after the fit, on a network a strategy may have wrapped by then.
+        if hp["channels_last"] and not getattr(self, "_channels_last", False):
             self.net.to(memory_format=torch.channels_last)
+            self._channels_last = True
         if hp["compile"] and not getattr(self, "_compiled", False):
             self.net.compile(mode=hp["compile_mode"])
             self._compiled = True
