@@ -1,16 +1,19 @@
-"""A small trained run shared by the export, quantize, predict_onnx and serve tests.
+"""A small trained run shared by the export, quantize, predict_onnx and serve tests, and its exports.
 
 `fit` runs once per test session (a SimpleCNN on fake CIFAR, whose classes differ by colour, so a few
-epochs reach high accuracy and INT8 results are comparable). Import the fixtures into a test module with
-`from tests.deploy_fixtures import trained_run, exported  # noqa: F401`.
+epochs reach high accuracy and INT8 results are comparable); so do its ONNX export and its AOTInductor package
+(a C++ compiler runs: the package is compiled once and shared). A test module takes them with
+`pytest_plugins = ["tests.deploy_fixtures"]`.
 """
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import CONFIGS, newest_run, run_cli
+from tests.deploy_helpers import mounted_tmpfs
 
 
 @dataclass
@@ -53,3 +56,20 @@ def exported(trained_run, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("deploy_export")
     export(str(trained_run.ckpt), format="onnx", output_dir=str(out))
     return out / "model.onnx"
+
+
+@pytest.fixture(scope="session")
+def exported_aoti(trained_run, tmp_path_factory) -> Path:
+    """model.pt2 (an AOTInductor package for the CPU) + model.json of the trained run (exported in-process)."""
+    from project.export.model_export import export
+
+    out = tmp_path_factory.mktemp("deploy_aoti")
+    export(str(trained_run.ckpt), format="aoti", output_dir=str(out))
+    return out / "model.pt2"
+
+
+@pytest.fixture
+def full_disk(tmp_path) -> Iterator[Path]:
+    """A 64 KiB disk: room for a staging folder, not for a model; the first model written finds it full."""
+    with mounted_tmpfs(tmp_path / "disk", 64 * 1024) as disk:
+        yield disk

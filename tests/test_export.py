@@ -1,6 +1,14 @@
-"""`python -m project export`: ONNX and TorchScript files that match eager, their JSON, atomic failure."""
+"""`python -m project export`: ONNX, AOTInductor and TorchScript files that match eager, their JSON, atomic
+failure (a bad tolerance, a network that cannot be captured, no compiler, a full disk, Ctrl-C)."""
 
 import json
+import os
+import platform
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -8,16 +16,20 @@ import pytest
 import torch
 from torch import nn
 
+from project.cli import main
 from project.errors import UserError
-from project.export.model_export import DEFAULT_OPSET, export, export_torchscript
-from project.export.preprocessing import read_metadata
-from project.export.trained import load_trained
+from project.export.aoti import MAX_BATCH, is_aoti_package, load_aoti
+from project.export.model_export import DEFAULT_OPSET, export, export_torchscript, export_trained
+from project.export.preprocessing import Preprocessing, read_metadata
+from project.export.trained import TrainedModel, load_trained
+from project.models import MLP
 from project.run.checkpoints import load_checkpoint
-from tests.conftest import run_cli
+from tests.conftest import PACKAGE, run_cli, subprocess_env
 
-pytest_plugins = ["tests.deploy_fixtures"]  # fixtures: trained_run, exported
+pytest_plugins = ["tests.deploy_fixtures"]  # fixtures: trained_run, exported, exported_aoti
 
 
+@pytest.mark.slow  # compiles an AOTInductor package
 def test_export_all_formats(trained_run, tmp_path):
     out = tmp_path / "export"
     proc = run_cli(
@@ -30,8 +42,15 @@ def test_export_all_formats(trained_run, tmp_path):
         out,
         cwd=tmp_path,
     )
-    assert sorted(p.name for p in out.iterdir()) == ["model.json", "model.onnx", "model.torchscript.pt"]
+    assert sorted(p.name for p in out.iterdir()) == [
+        "model.json",
+        "model.onnx",
+        "model.pt2",
+        "model.torchscript.pt",
+    ]
     assert "batch 1: max |onnxruntime - eager|" in proc.stdout and "batch 5" in proc.stdout
+    assert "aoti: batch 1: max |aoti - eager|" in proc.stdout and "aoti: batch 5" in proc.stdout
+    assert proc.stderr.strip() == ""  # no compiler or exporter notes
 
     # The JSON carries the checkpoint's preprocessing facts.
     meta, pre = read_metadata(out / "model.onnx")
@@ -39,6 +58,7 @@ def test_export_all_formats(trained_run, tmp_path):
     assert list(pre.class_names) == state["class_names"] and list(pre.mean) == pytest.approx(state["mean"])
     assert pre.input_shape == (3, 32, 32) and meta["files"]["onnx"]["opset"] == DEFAULT_OPSET
     assert meta["files"]["torchscript"]["method"] == "script"
+    assert meta["files"]["aoti"]["device"] == "cpu" and meta["files"]["aoti"]["batch"] == [1, MAX_BATCH]
 
     # A dynamic batch axis, the stated opset, and outputs equal to the eager network's at other batch sizes.
     model = onnx.load(out / "model.onnx")
@@ -49,11 +69,13 @@ def test_export_all_formats(trained_run, tmp_path):
     net = load_trained(trained_run.ckpt).net
     session = ort.InferenceSession(str(out / "model.onnx"), providers=["CPUExecutionProvider"])
     scripted = torch.jit.load(str(out / "model.torchscript.pt"))
+    package = torch._inductor.aoti_load_package(str(out / "model.pt2"))
     for batch_size in (3, 17):
         x = torch.randn(batch_size, 3, 32, 32)
         with torch.no_grad():
             expected = net(x).numpy()
             np.testing.assert_allclose(scripted(x).numpy(), expected, atol=1e-5)
+            np.testing.assert_allclose(package(x).numpy(), expected, atol=1e-5)
         np.testing.assert_allclose(session.run(None, {"input": x.numpy()})[0], expected, atol=1e-4)
 
 
@@ -69,6 +91,9 @@ def test_failed_export_writes_nothing(trained_run, tmp_path, capsys):
     with pytest.raises(UserError):
         export(str(trained_run.ckpt), format="onnx", output_dir=str(existing), atol=1e-12)
     assert [p.name for p in existing.iterdir()] == ["keep.txt"]  # no staging folder, no partial model
+    with pytest.raises(UserError, match=r"The AOTInductor package output differs from eager by up to "):
+        export(str(trained_run.ckpt), format="aoti", output_dir=str(existing), atol=1e-12)
+    assert [p.name for p in existing.iterdir()] == ["keep.txt"]
 
 
 def test_bad_input_is_one_clear_error(trained_run, tmp_path):
@@ -116,6 +141,53 @@ def test_torchscript_falls_back_to_trace_with_a_reason(tmp_path):
         torch.testing.assert_close(torch.jit.load(str(tmp_path / "m.pt"))(x), net(x))
 
 
+def test_the_aoti_package_runs_any_batch_as_eager_does_and_model_json_records_it(exported_aoti, trained_run):
+    meta, pre = read_metadata(exported_aoti)
+    assert set(meta["files"]) == {"aoti"} and meta["files"]["aoti"]["path"] == "model.pt2"
+    assert meta["files"]["aoti"]["device"] == "cpu" and meta["files"]["aoti"]["max_abs_diff_vs_eager"] < 1e-4
+    assert meta["files"]["aoti"]["compiled_for"].startswith(f"{platform.machine()} CPU with ")  # e.g. avx2
+    assert pre.input_shape == (3, 32, 32) and meta["source"]["network"] == "SimpleCNN"
+    assert is_aoti_package(exported_aoti) and not is_aoti_package(exported_aoti.with_name("model.json"))
+    package, net = load_aoti(exported_aoti), load_trained(trained_run.ckpt).net.eval()
+    for batch_size in (1, 2, 64):  # the export's example had 2: a static batch would refuse the others
+        x = torch.randn(batch_size, 3, 32, 32)
+        with torch.no_grad():
+            torch.testing.assert_close(package(x), net(x), atol=1e-5, rtol=1e-5)
+
+
+class _Branchy(nn.Module):
+    """Python control flow on a tensor's value: torch.export cannot capture it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(3 * 4 * 4, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.flatten(1)
+        return self.linear(x) if x.sum() > 0 else -self.linear(x)
+
+
+def _tiny(net: nn.Module, shape: tuple[int, int, int] = (3, 4, 4)) -> TrainedModel:
+    pre = Preprocessing(shape, (0.5,) * 3, (0.5,) * 3, ("a", "b"))
+    return TrainedModel(net.eval(), pre, None, Path("x.ckpt"), None)  # type: ignore[arg-type]
+
+
+def test_an_aoti_export_that_cannot_be_made_is_one_line_and_writes_nothing(tmp_path, capsys, monkeypatch):
+    out = tmp_path / "out"
+    with pytest.raises(UserError, match=r"torch\.export cannot capture the network _Branchy .*--format onnx"):
+        export_trained(_tiny(_Branchy()), out, formats=("aoti",))
+    assert not out.exists() and "def forward" not in capsys.readouterr().err  # no partial graph printed
+
+    import torch._inductor.config as inductor_config  # a submodule: `import torch` leaves it out
+
+    monkeypatch.setattr(inductor_config.cpp, "cxx", ("/nonexistent/c++",))
+    monkeypatch.setattr(inductor_config, "force_disable_caches", True)  # an earlier run's compiled graph
+    net = MLP(num_classes=2, input_shape=(3, 7, 7), hidden=3)
+    with pytest.raises(UserError, match=r"AOTInductor could not compile .*C\+\+ compiler.*--format onnx"):
+        export_trained(_tiny(net, (3, 7, 7)), out, formats=("onnx", "aoti"))
+    assert not out.exists()  # the ONNX file, written and verified first, went too
+
+
 def test_exported_fixture_matches_json(exported):
     meta = json.loads(exported.with_name("model.json").read_text())
     assert set(meta["files"]) == {"onnx"} and meta["files"]["onnx"]["max_abs_diff_vs_eager"] < 1e-4
@@ -140,3 +212,48 @@ def test_model_json_says_what_the_outputs_mean_as_the_task_recorded_it(tmp_path)
     )  # type: ignore[arg-type]
     meta = export_trained(trained, tmp_path / "out", formats=("torchscript",))
     assert meta["task"] == outputs and meta["output"]["meaning"] == "logits; softmax, then the top class"
+
+
+def _one_error_line(capsys) -> str:
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and "Traceback" not in err, err[-3000:]
+    return lines[0]
+
+
+@pytest.mark.parametrize("fmt", ["onnx", pytest.param("aoti", marks=pytest.mark.slow), "torchscript"])
+def test_a_full_disk_is_one_line_and_leaves_nothing_there(trained_run, full_disk, fmt, capsys):
+    out = full_disk / "export"
+    with pytest.raises(SystemExit) as stop:
+        main(["export", "--ckpt_path", str(trained_run.ckpt), "--format", fmt, "--output_dir", str(out)])
+    assert stop.value.code == 1
+    line = _one_error_line(capsys)
+    assert line.startswith(f"error: no space left on the device to write {out}")
+    assert line.endswith("nothing was written there. Free some space, or choose another --output_dir")
+    assert list(full_disk.iterdir()) == []  # no folder, staging folder or partial file
+
+
+@pytest.mark.slow
+def test_ctrl_c_while_the_package_compiles_leaves_nothing_and_says_so(trained_run, tmp_path):
+    out = tmp_path / "export"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", PACKAGE, "export", "--ckpt_path", str(trained_run.ckpt), "--format", "aoti",
+         "--output_dir", str(out)],
+        cwd=tmp_path, env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 240
+        while not list(out.glob(".staging-*")):  # the checkpoint is read: the package is being made
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-3000:]
+            time.sleep(0.1)
+        time.sleep(2)
+        os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the whole group, the compiler too
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 128 + signal.SIGINT, err[-3000:]
+    assert err.strip().splitlines()[-1] == f"error: stopped by Ctrl-C; nothing was written to {out}"
+    assert "Traceback" not in err and not out.exists()

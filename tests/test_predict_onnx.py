@@ -1,4 +1,5 @@
-"""`python -m project predict_onnx`: the same top-1 as `predict` from the checkpoint, on the same inputs."""
+"""`python -m project predict_onnx`: the same top-1 as `predict` from the checkpoint, on the same inputs, from an
+ONNX model or an AOTInductor package."""
 
 import csv
 import json
@@ -10,7 +11,7 @@ from project.export.predict_onnx import predict_onnx
 from tests.conftest import CONFIGS, run_cli
 from tests.fakes import make_image_folder
 
-pytest_plugins = ["tests.deploy_fixtures"]  # fixtures: trained_run, exported
+pytest_plugins = ["tests.deploy_fixtures"]  # fixtures: trained_run, exported, exported_aoti
 
 
 def _rows(path) -> dict[str, dict]:
@@ -58,6 +59,16 @@ def test_image_folder_of_any_size_matches_checkpoint_predict(trained_run, export
     assert [onnx[k]["class_index"] for k in ckpt] == [ckpt[k]["class_index"] for k in ckpt]
 
 
+def test_an_aoti_package_predicts_what_the_onnx_model_does(exported, exported_aoti, tmp_path):
+    folder = make_image_folder(tmp_path / "images", classes=3, per_class=4, extras=False)  # sizes and modes
+    predict_onnx(str(exported), str(folder), output=str(tmp_path / "onnx.csv"), batch_size=5)
+    predict_onnx(str(exported_aoti), str(folder), output=str(tmp_path / "aoti.csv"), batch_size=5)
+    onnx, aoti = _rows(tmp_path / "onnx.csv"), _rows(tmp_path / "aoti.csv")
+    assert len(aoti) == 12 and set(aoti) == set(onnx)
+    assert [aoti[k]["class_name"] for k in onnx] == [onnx[k]["class_name"] for k in onnx]
+    assert max(abs(float(aoti[k]["probability"]) - float(onnx[k]["probability"])) for k in onnx) < 1e-5
+
+
 def test_bad_inputs_write_nothing(exported, tmp_path):
     out = tmp_path / "p.csv"
     with pytest.raises(UserError, match="neither a folder nor one of cifar10:test"):
@@ -70,6 +81,15 @@ def test_bad_inputs_write_nothing(exported, tmp_path):
         predict_onnx(str(exported), str(folder), output=str(out))
     with pytest.raises(UserError, match="model file .* does not exist"):
         predict_onnx(str(tmp_path / "none.onnx"), str(folder), output=str(out))
+    (tmp_path / "other").mkdir()
+    for name in ("model.pt2", "model.bin"):  # a .pt2 holding no compiled model; a file of no known kind
+        (tmp_path / "other" / name).write_bytes(b"PK\x05\x06" + b"\0" * 18)
+    (tmp_path / "other" / "model.json").write_bytes(exported.with_name("model.json").read_bytes())
+    good = make_image_folder(tmp_path / "good", classes=1, per_class=2, extras=False)
+    with pytest.raises(UserError, match=r"model\.pt2 is not an AOTInductor package"):
+        predict_onnx(str(tmp_path / "other" / "model.pt2"), str(good), output=str(out))
+    with pytest.raises(UserError, match=r"expected a \.onnx file or an AOTInductor \.pt2 package"):
+        predict_onnx(str(tmp_path / "other" / "model.bin"), str(good), output=str(out))
     assert not out.exists() and not list(tmp_path.glob(".p.csv*"))
 
 

@@ -5,6 +5,7 @@ Run uncompiled, an INT8 program computes quantize/dequantize around float kernel
 speed or slower); `torch.compile` with Inductor's freezing lowers those patterns to INT8 kernels.
 """
 
+import io
 import json
 import warnings
 from pathlib import Path
@@ -29,9 +30,12 @@ def save_int8(model: GraphModule, path: str | Path, example: Tensor, metadata: d
     path = Path(path)
     batch = torch.export.Dim("batch", min=1)
     program = torch.export.export(model, (example.cpu(),), dynamic_shapes=({0: batch},))
-    # The archive's inner folder is named after the file: the temporary file keeps the final name.
-    with atomic_path(path, keep_name=True) as tmp:
-        torch.export.save(program, tmp, extra_files={METADATA_FILE: json.dumps(metadata, indent=2)})
+    # Through memory: torch's C++ zip writer ends the whole process when the disk fills (it raises, then
+    # terminates in its destructor); a Python write of the same bytes raises OSError (ENOSPC) instead.
+    buffer = io.BytesIO()
+    torch.export.save(program, buffer, extra_files={METADATA_FILE: json.dumps(metadata, indent=2)})
+    with atomic_path(path) as tmp:
+        tmp.write_bytes(buffer.getbuffer())
     return path
 
 

@@ -1,4 +1,5 @@
-"""From checkpoint to deployment: export (ONNX, TorchScript), INT8 quantization report, ONNX batch inference.
+"""From checkpoint to deployment: export (ONNX, AOTInductor, TorchScript), INT8 quantization report, batch
+inference from an export.
 
 The tool commands export, quantize and predict_onnx live here (COMMANDS); `serve` is in the serve package.
 """
@@ -11,7 +12,7 @@ __all__ = ["Preprocessing", "TrainedModel", "load_trained", "read_metadata"]
 #: The commands this part adds (project.find_tools reads this literal without importing the package): name ->
 #: (".module:function" relative to this package, summary).
 COMMANDS = {
-    "export": (".model_export:main", "export a checkpoint to ONNX and/or TorchScript"),
+    "export": (".model_export:main", "export a checkpoint to ONNX, AOTInductor and/or TorchScript"),
     "quantize": (".quantize:main", "INT8 quantization report: accuracy, latency, size"),
-    "predict_onnx": (".predict_onnx:main", "batched inference from an exported ONNX model"),
+    "predict_onnx": (".predict_onnx:main", "batched inference from an ONNX model or AOTInductor package"),
 }

@@ -1,32 +1,47 @@
-"""`python -m project export`: a checkpoint to ONNX and/or TorchScript, verified, with its preprocessing JSON.
+"""`python -m project export`: a checkpoint to ONNX, an AOTInductor package and/or TorchScript, verified, with its
+preprocessing JSON.
 
 ONNX goes through the dynamo exporter (`torch.export` based) with a dynamic batch axis and is checked with
-`onnx.checker` and against eager in ONNX Runtime. TorchScript is made with `torch.jit.script`, falling back to
-`torch.jit.trace` with a warning that says why; TorchScript is deprecated upstream (torch 2.14 warns on every
-`torch.jit.script` call) in favour of `torch.export` and ONNX, and is kept for C++ (libtorch) consumers. Its
-deprecation notice is silenced here because the user asked for the format explicitly.
+`onnx.checker` and against eager in ONNX Runtime. The AOTInductor package (`model.pt2`, `project.export.aoti`)
+is `torch.export` compiled ahead of time, also with a dynamic batch dimension, and is checked against eager
+through `torch._inductor.aoti_load_package`; C++ loads it with libtorch (`examples/aoti_cpp/`).
+
+TorchScript is a legacy format, kept for existing libtorch consumers: it is deprecated upstream (torch 2.14 warns
+on every `torch.jit.script` call; Lightning deprecated `to_torchscript`) in favour of `torch.export`, whose C++
+route is the AOTInductor package. It is made with `torch.jit.script`, falling back to `torch.jit.trace` with a
+warning that says why; its deprecation notice is silenced here because the user asked for the format explicitly.
 """
 
+import contextlib
 import json
+import signal
+import sys
 import warnings
-from collections.abc import Callable
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal, cast
 
 import torch
 from torch import nn
 
-from project.atomic_files import check_writable, staged_outputs
+from project.atomic_files import check_writable, no_space_left, staged_outputs
 from project.errors import UserError
+from project.export.aoti import (
+    MAX_BATCH,
+    AotiDevice,
+    check_device,
+    compiled_for,
+    disk_full,
+    export_aoti,
+)
 from project.export.decoding import deployed
-from project.export.runtimes import INPUT_NAME, OUTPUT_NAME, ort_session
+from project.export.runtimes import INPUT_NAME, OUTPUT_NAME
 from project.export.trained import TrainedModel, load_trained
+from project.export.verify import verify_aoti, verify_onnx, verify_torchscript
 
 #: ONNX opset written by default: 18 is the dynamo exporter's native opset and is run by every
 #: ONNX Runtime release since 1.14, including its quantization tools.
 DEFAULT_OPSET = 18
-#: Batch sizes of the random verification batches: 1 (serving) and one that is not the export's example (2).
-VERIFY_BATCH_SIZES = (1, 5)
 
 
 def export_onnx(
@@ -56,6 +71,8 @@ def export_onnx(
             **common,
         )
     except Exception as e:  # torch.export could not capture the network (e.g. data-dependent control flow)
+        if disk_full(e):  # captured, but the file could not be written: the other exporter would not help
+            raise
         warnings.warn(
             f"the dynamo ONNX exporter failed ({type(e).__name__}: {str(e).strip().splitlines()[0][:300]}); "
             "falling back to the TorchScript-based exporter",
@@ -69,56 +86,6 @@ def export_onnx(
             dynamic_axes={INPUT_NAME: {0: "batch"}, output_name: {0: "batch"}},
             **common,
         )
-
-
-def verify_onnx(
-    net: nn.Module, path: str | Path, input_shape: tuple[int, int, int], atol: float = 1e-4
-) -> float:
-    """Check the file with `onnx.checker`, then compare ONNX Runtime with eager (see `compare_with_eager`)."""
-    import onnx
-
-    try:
-        onnx.checker.check_model(str(path), full_check=True)
-    except onnx.checker.ValidationError as e:
-        raise UserError(f"the exported ONNX model fails onnx.checker: {e}") from None
-    session = ort_session(path)
-
-    def run(x: torch.Tensor) -> torch.Tensor:
-        return torch.from_numpy(session.run(None, {INPUT_NAME: x.numpy()})[0])
-
-    return compare_with_eager(net, run, input_shape, "ONNX Runtime", atol, label="onnxruntime")
-
-
-def compare_with_eager(
-    net: nn.Module,
-    run: Callable[[torch.Tensor], torch.Tensor],
-    input_shape: tuple[int, int, int],
-    name: str,
-    atol: float,
-    label: str = "exported",
-    seed: int = 0,
-) -> float:
-    """The largest absolute difference between `run` and the eager network on random batches of
-    VERIFY_BATCH_SIZES images; a UserError (nothing gets written) above `atol`, a wrong shape, or NaN."""
-    generator = torch.Generator().manual_seed(seed)
-    worst = 0.0
-    for batch_size in VERIFY_BATCH_SIZES:
-        x = torch.randn(batch_size, *input_shape, generator=generator)
-        with torch.inference_mode():
-            expected, got = net(x).float(), run(x).float()
-        if got.shape != expected.shape:
-            raise UserError(
-                f"{name} returned shape {tuple(got.shape)} for batch {batch_size}, eager {tuple(expected.shape)}"
-            )
-        diff = float((got - expected).abs().max())
-        print(f"{label}: batch {batch_size}: max |{label} - eager| = {diff:.3g}")
-        worst = max(worst, diff)
-    if not worst <= atol:  # also catches NaN
-        raise UserError(
-            f"{name} output differs from eager by up to {worst:.3g}, above the tolerance --atol {atol:g}; "
-            "nothing was written"
-        )
-    return worst
 
 
 def export_torchscript(net: nn.Module, input_shape: tuple[int, int, int], path: str | Path) -> str:
@@ -139,21 +106,13 @@ def export_torchscript(net: nn.Module, input_shape: tuple[int, int, int], path: 
                 # Tracing a Module (not a function) gives a ScriptModule.
                 traced = cast(torch.jit.ScriptModule, torch.jit.trace(net, torch.randn(2, *input_shape)))
                 module, method = traced, "trace"
-        module.save(str(path))
+        # Through memory: torch's C++ writer ends the process when the disk fills; a Python write raises.
+        Path(path).write_bytes(module.save_to_buffer())
     return method
 
 
-def verify_torchscript(
-    net: nn.Module, path: str | Path, input_shape: tuple[int, int, int], atol: float = 1e-4
-) -> float:
-    """Reload the saved module and compare it with eager (see `compare_with_eager`)."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", category=FutureWarning)
-        loaded = torch.jit.load(str(path), map_location="cpu")
-    return compare_with_eager(net, loaded, input_shape, "TorchScript", atol, label="torchscript")
-
-
-FILES = {"onnx": "model.onnx", "torchscript": "model.torchscript.pt"}
+#: The file each format writes; `all` writes every one, in this order.
+FILES = {"onnx": "model.onnx", "aoti": "model.pt2", "torchscript": "model.torchscript.pt"}
 METADATA = "model.json"
 
 
@@ -174,6 +133,24 @@ def claim_output_dir(output_dir: str | Path, overwrite: bool, outputs: tuple[str
     return present
 
 
+@contextlib.contextmanager
+def writing(
+    output_dir: str | Path,
+    outcome: str = "nothing was written there",
+    fix: str = "Free some space, or choose another --output_dir",
+) -> Iterator[None]:
+    """A full disk inside the block (while files are staged in `output_dir`, or in the compiler's cache) as one
+    UserError line saying `outcome` and `fix`; the `staged_outputs` inside it have removed what they staged."""
+    try:
+        yield
+    except Exception as e:
+        if not disk_full(e):
+            raise
+        # The file's name, not its path in the staging folder (gone by now).
+        where = f" ({Path(e.filename).name})" if isinstance(e, OSError) and e.filename else ""
+        raise UserError(no_space_left(f"{output_dir}{where}", outcome, fix)) from None
+
+
 def export_trained(
     trained: TrainedModel,
     output_dir: str | Path,
@@ -181,10 +158,12 @@ def export_trained(
     opset: int = DEFAULT_OPSET,
     atol: float = 1e-4,
     overwrite: bool = False,
+    device: AotiDevice = "cpu",
 ) -> dict[str, Any]:
     """Write each format and `model.json` into `output_dir`, all or nothing; returns the JSON's content.
 
     With `overwrite`, an earlier export there is replaced whole: its files of formats not written now go too.
+    `device` is where the AOTInductor package runs (the other formats run anywhere).
     """
     present = claim_output_dir(output_dir, overwrite, (*FILES.values(), METADATA))
     pre = trained.preprocessing
@@ -217,11 +196,22 @@ def export_trained(
         },
         "files": {},
     }
-    with staged_outputs(output_dir, replaces=present) as staging:
+    with writing(output_dir), staged_outputs(output_dir, replaces=present) as staging:
         if "onnx" in formats:
             export_onnx(net, pre.input_shape, staging / FILES["onnx"], opset, decoder.output_name)
             diff = verify_onnx(net, staging / FILES["onnx"], pre.input_shape, atol=atol)
             meta["files"]["onnx"] = {"path": FILES["onnx"], "opset": opset, "max_abs_diff_vs_eager": diff}
+        if "aoti" in formats:
+            export_aoti(net, pre.input_shape, staging / FILES["aoti"], device)
+            diff = verify_aoti(net, staging / FILES["aoti"], pre.input_shape, atol=atol, device=device)
+            meta["files"]["aoti"] = {
+                "path": FILES["aoti"],
+                "format": "AOTInductor package (torch._inductor.aoti_compile_and_package)",
+                "device": device,
+                "compiled_for": compiled_for(device),
+                "batch": [1, MAX_BATCH],
+                "max_abs_diff_vs_eager": diff,
+            }
         if "torchscript" in formats:
             method = export_torchscript(net, pre.input_shape, staging / FILES["torchscript"])
             diff = verify_torchscript(net, staging / FILES["torchscript"], pre.input_shape, atol=atol)
@@ -237,36 +227,47 @@ def export_trained(
 def export(
     ckpt_path: str,
     config: list[str] | None = None,
-    format: Literal["onnx", "torchscript", "all"] = "all",
+    format: Literal["onnx", "aoti", "torchscript", "all"] = "all",
     output_dir: str = "export",
     opset: int = DEFAULT_OPSET,
     atol: float = 1e-4,
+    device: AotiDevice = "cpu",
     overwrite: bool = False,
     overrides: list[str] | None = None,
 ) -> dict[str, Any]:
-    """Export a trained checkpoint to ONNX and/or TorchScript, verified against the eager model.
+    """Export a trained checkpoint to ONNX, an AOTInductor package and/or TorchScript, verified against eager.
 
-    The ONNX file has a dynamic batch axis; right after writing it is checked with onnx.checker and run
-    in ONNX Runtime on random batches of two sizes against the eager network. TorchScript is made with
-    torch.jit.script, falling back to torch.jit.trace with a warning. model.json beside the models holds
-    the input size, mean/std and class names, so a consumer needs nothing else. Files are written to a
-    staging folder and moved into place only when every check passed: a failed export leaves no file.
+    ONNX (model.onnx, for ONNX Runtime in any language) has a dynamic batch axis; right after writing it is
+    checked with onnx.checker and run in ONNX Runtime on random batches of two sizes against the eager
+    network. The AOTInductor package (model.pt2: torch.export compiled ahead of time, with a dynamic batch
+    dimension; C++ loads it with libtorch's AOTIModelPackageLoader, Python with
+    torch._inductor.aoti_load_package) is the C++ route; compiling it takes a minute or two and a C++
+    compiler, and it is checked the same way. TorchScript (model.torchscript.pt) is a legacy format,
+    deprecated upstream in favour of torch.export: written by `all` or on request, for existing libtorch
+    consumers. model.json beside the models holds the input size, mean/std and class names, so a consumer
+    needs nothing else. Files are written to a staging folder and moved into place only when every check
+    passed: a failed export leaves no file.
 
     Args:
         ckpt_path: Checkpoint written by `python -m project fit`.
         config: Config file(s) of the training run.
-        format: `onnx`, `torchscript` or `all`.
-        output_dir: Folder for model.onnx, model.torchscript.pt and model.json (created if missing).
+        format: `onnx`, `aoti` (AOTInductor package), `torchscript` (legacy) or `all`.
+        output_dir: Folder for model.onnx, model.pt2, model.torchscript.pt and model.json (created if missing).
         opset: ONNX opset version to write.
         atol: Largest accepted absolute difference between exported and eager logits; above it the
             export fails and writes nothing.
+        device: Where the AOTInductor package runs: `cpu`, or `cuda` (compiled on this machine's GPU).
         overwrite: Replace an earlier export in output_dir (refused otherwise).
         overrides: --model.* / --data.* flags for the config parser.
     """
+    formats = tuple(FILES) if format == "all" else (format,)
+    if "aoti" in formats:
+        check_device(device)
     claim_output_dir(output_dir, overwrite, (*FILES.values(), METADATA))  # before the checkpoint is read
     trained = load_trained(ckpt_path, config, overrides)
-    formats = ("onnx", "torchscript") if format == "all" else (format,)
-    meta = export_trained(trained, output_dir, formats, opset=opset, atol=atol, overwrite=overwrite)
+    meta = export_trained(
+        trained, output_dir, formats, opset=opset, atol=atol, overwrite=overwrite, device=device
+    )
     for fmt, info in meta["files"].items():
         print(f"{fmt}: {Path(output_dir) / info['path']}")
     print(f"preprocessing: {Path(output_dir) / METADATA}")
@@ -281,4 +282,10 @@ def parse_args(args: list[str]) -> dict:
 
 
 def main(args: list[str]) -> None:
-    export(**parse_args(args))
+    kwargs = parse_args(args)
+    try:
+        export(**kwargs)
+    except KeyboardInterrupt:  # staged_outputs has removed whatever was staged
+        output_dir = kwargs.get("output_dir", "export")
+        print(f"error: stopped by Ctrl-C; nothing was written to {output_dir}", file=sys.stderr)
+        raise SystemExit(128 + signal.SIGINT) from None

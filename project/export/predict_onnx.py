@@ -13,13 +13,13 @@ from pathlib import Path
 from torch.utils.data import DataLoader, Dataset
 
 from project.atomic_files import atomic_path, check_writable
-from project.data.image_cache import readable_files
-from project.data.images import MAX_IMAGE_PIXELS, ImageFileDataset, list_images
+from project.data.image_cache import drop_bad
+from project.data.images import MAX_IMAGE_PIXELS, ImageFileDataset, check_image, list_images
 from project.data.tensor_dataset import TensorImageDataset, collate_pre_batched
 from project.errors import UserError
 from project.export.decoding import decoder_for
 from project.export.preprocessing import Preprocessing, read_metadata
-from project.export.runtimes import OnnxRuntime
+from project.export.runtimes import exported_runtime
 
 CIFAR_SPLITS = ("cifar10:test", "cifar10:train", "cifar100:test", "cifar100:train")
 
@@ -53,7 +53,15 @@ def _folder(
     if not files:
         raise UserError(f"--input folder {folder} contains no images")
     # Every unreadable file named at once, before any is classified (or all of them left out, with a warning).
-    files = readable_files(files, max_pixels, skip_corrupt)
+    bad = {i: reason for i, f in enumerate(files) if (reason := check_image(f, max_pixels))}
+    if bad and not skip_corrupt:
+        names = [f"{files[i]} ({bad[i]})" for i in sorted(bad)]
+        more = f" and {len(names) - 3} more" if len(names) > 3 else ""
+        raise UserError(
+            f"unreadable image file(s): {'; '.join(names[:3])}{more}. Remove or replace them, "
+            "or add --skip_corrupt to leave them out with a warning"
+        )
+    files = [files[i] for i in drop_bad(list(range(len(files))), bad, files, skip_corrupt=True)]
     return ImageFileDataset(files, None, pre.decode_size, max_pixels), [str(f) for f in files]
 
 
@@ -68,20 +76,22 @@ def predict_onnx(
     max_image_pixels: int = MAX_IMAGE_PIXELS,
     skip_corrupt: bool = False,
 ) -> Path:
-    """Classify a folder of images (any size and mode) or a CIFAR split with an exported ONNX model.
+    """Classify a folder of images (any size and mode) or a CIFAR split with an exported ONNX model (ONNX
+    Runtime) or AOTInductor package (`model.pt2`, run by torch._inductor.aoti_load_package).
 
     Writes input,class_index,class_name,probability rows (input,labels,p_<tag>... for a multi-label model),
     like `python -m project predict`; the CSV appears only when every input was classified.
 
     Args:
-        model: ONNX file written by `export` or `quantize` (its model.json beside it).
+        model: ONNX file written by `export` or `quantize`, or model.pt2 from `export --format aoti` (its
+            model.json beside it).
         input: A folder of images (searched recursively), or cifar10:test, cifar10:train, cifar100:test,
             cifar100:train.
         output: The CSV file to write.
-        batch_size: Images per ONNX Runtime call.
+        batch_size: Images per model call.
         data_dir: Where the CIFAR dataset is, for a CIFAR input.
         num_workers: DataLoader processes decoding image files in parallel.
-        threads: ONNX Runtime intra-op threads (default: all cores).
+        threads: ONNX Runtime / torch intra-op threads (default: all cores).
         max_image_pixels: Largest width x height read; a larger image (a decompression bomb) is an error.
         skip_corrupt: Leave unreadable images out with one warning naming them, instead of stopping with an
             error that names every one.
@@ -104,7 +114,7 @@ def predict_onnx(
         num_workers=num_workers,
         collate_fn=collate_pre_batched if batched else None,
     )
-    runtime = OnnxRuntime(model, threads=threads)
+    runtime = exported_runtime(model, threads=threads)
 
     with atomic_path(path) as tmp, open(tmp, "w", newline="") as f:
         writer = csv.writer(f)

@@ -1,11 +1,13 @@
 """One calling convention for every way to run a model: float32 (B, C, H, W) numpy in, outputs out (logits, or
 an export's probabilities: `project.export.decoding` reads them).
 
-The quantization report, `predict_onnx` and `serve` compare or swap eager PyTorch, ONNX Runtime and
-INT8 models; wrapping each in a `Runtime` keeps those comparisons to one loop. INT8 `torch.export` programs
-(the QAT callback's `model_int8.pt2`, or `quantize --pt2e_static true`'s) run here under the same convention.
+The quantization report, `predict_onnx` and `serve` compare or swap eager PyTorch, ONNX Runtime, AOTInductor
+packages and INT8 models; wrapping each in a `Runtime` keeps those comparisons to one loop. INT8 `torch.export`
+programs (the QAT callback's `model_int8.pt2`, or `quantize --pt2e_static true`'s) run here under the same
+convention.
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, cast
@@ -110,3 +112,48 @@ def load_int8_runtime(
         )
         return TorchRuntime(module, set_eval=False), how
     raise UserError(f"INT8 model {path}: expected a .pt2 (torch.export) or .onnx file")
+
+
+@dataclass
+class AotiRuntime:
+    """An AOTInductor package (`export --format aoti`'s `model.pt2`), on the device it was compiled for.
+
+    `threads` sets torch's intra-op threads, which the compiled CPU kernels share (one OpenMP pool).
+    """
+
+    path: str | Path
+    device: str = "cpu"
+    threads: int | None = None
+    model: Callable[[torch.Tensor], torch.Tensor] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        from project.export.aoti import check_device, load_aoti
+
+        check_device(self.device)
+        if self.threads:
+            torch.set_num_threads(self.threads)
+        self.model = load_aoti(self.path)
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        batch = torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)).to(self.device)
+        with torch.inference_mode():
+            return self.model(batch).float().cpu().numpy()
+
+
+def aoti_device(meta: dict) -> str:
+    """The device an export's AOTInductor package was compiled for, as its model.json records it."""
+    return (meta.get("files", {}).get("aoti") or {}).get("device", "cpu")
+
+
+def exported_runtime(path: str | Path, threads: int | None = None) -> Runtime:
+    """The runtime of an exported model by its file: `.onnx` in ONNX Runtime, `.pt2` (an AOTInductor package,
+    compiled for the device its model.json records) with AOTInductor."""
+    from project.export.preprocessing import read_metadata
+
+    path = Path(path)
+    if path.suffix == ".onnx":
+        return OnnxRuntime(path, threads)
+    if path.suffix == ".pt2":
+        meta, _ = read_metadata(path)
+        return AotiRuntime(path, aoti_device(meta), threads)
+    raise UserError(f"model {path}: expected a .onnx file or an AOTInductor .pt2 package written by export")
