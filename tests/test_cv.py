@@ -383,3 +383,14 @@ def test_a_cv_whose_folds_end_by_max_steps_within_an_epoch_completes(tmp_path):
     assert [(f["fold"], f["epoch"]) for f in results["folds"]] == [(0, 0), (1, 0)]
     for f in results["folds"]:  # each fold's best is the validation at its one step
         assert f["val/acc"] == pytest.approx(f["monitored_best"], abs=1e-6)
+
+
+def test_a_studys_fits_test_nothing_and_the_setting_is_the_studys(tmp_path):
+    """A fold's or trial's fit reads its best checkpoint back for the study: it runs no test of its own (each would
+    cost a pass over the test split the study does not read), and the setting is the study's to give."""
+    from project.studies.runner import fit_command, parse_fit_args
+
+    command = fit_command(["--config", "configs/cifar10.yaml"], tmp_path, resume=False)
+    assert command[command.index("--test_after_fit") + 1] == "false"
+    with pytest.raises(UserError, match="--test_after_fit is set by the study"):
+        parse_fit_args(["--config", "configs/cifar10.yaml", "--test_after_fit", "true"])
