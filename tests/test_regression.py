@@ -212,7 +212,7 @@ def test_cv_and_tune_minimise_val_mae(tmp_path):
     )
     study = json.loads((tmp_path / "logs" / "tune" / "csv_regression" / "trials.json").read_text())
     assert (study["metric"], study["direction"]) == ("val/mae_best", "minimize")
-    values = {r["trial"]: r["value"] for r in study["trials"]}
+    values = {r["trial"]: r["val/mae_best"] for r in study["trials"]}
     assert len(values) == 2 and values[study["best_trial"]] == min(values.values())
 
 
