@@ -22,7 +22,7 @@ from project.data.images import ImageTooLarge, open_image
 from project.errors import UserError
 from project.export.decoding import Decoder, decoder_for
 from project.export.preprocessing import Preprocessing, read_metadata
-from project.export.runtimes import OnnxRuntime
+from project.export.runtimes import exported_runtime
 
 UploadedFile = Annotated[bytes, File(alias="file", description="the image (any format PIL reads)")]
 
@@ -36,13 +36,15 @@ class Rejected:
 
 
 class ClassifierAPI(ls.LitAPI):
-    """Classifies uploaded images with a checkpoint (PyTorch) or an exported ONNX model (ONNX Runtime).
+    """Classifies uploaded images with a checkpoint (PyTorch), an exported ONNX model (ONNX Runtime) or an
+    AOTInductor package (`torch._inductor.aoti_load_package`).
 
     Args:
-        ckpt_path: Checkpoint written by `fit` (needs `configs`); or None with `onnx_path`.
+        ckpt_path: Checkpoint written by `fit` (needs `configs`); or None with `onnx_path` or `aoti_path`.
         configs: The training run's config files (default: its saved config.yaml).
         overrides: --model.* / --data.* flags for the config parser.
         onnx_path: An ONNX file written by `export` or `quantize` (its model.json beside it).
+        aoti_path: An AOTInductor package written by `export --format aoti` (its model.json beside it).
         max_batch_size: Most requests classified in one forward pass (dynamic batching).
         batch_timeout: Seconds to wait for a batch to fill before running what has arrived.
         max_image_pixels: Largest accepted width x height of an upload (decompression-bomb guard).
@@ -57,6 +59,7 @@ class ClassifierAPI(ls.LitAPI):
         configs: list[str] | None = None,
         overrides: list[str] | None = None,
         onnx_path: str | None = None,
+        aoti_path: str | None = None,
         max_batch_size: int = 16,
         batch_timeout: float = 0.01,
         max_image_pixels: int = 40_000_000,
@@ -65,7 +68,7 @@ class ClassifierAPI(ls.LitAPI):
     ) -> None:
         super().__init__(max_batch_size=max_batch_size, batch_timeout=batch_timeout, api_path="/predict")
         self.ckpt_path, self.configs, self.overrides = ckpt_path, configs, overrides
-        self.onnx_path = onnx_path
+        self.exported_path = onnx_path or aoti_path
         self.max_image_pixels = max_image_pixels
         self.threads = threads
         self.top_k = top_k
@@ -75,17 +78,17 @@ class ClassifierAPI(ls.LitAPI):
         if self.threads:
             torch.set_num_threads(self.threads)
         self.device = device
-        if self.onnx_path:
-            meta, self.pre = read_metadata(self.onnx_path)
+        if self.exported_path:
+            meta, self.pre = read_metadata(self.exported_path)
             self.decoder: Decoder = decoder_for(meta.get("task"), self.pre.class_names)
-            self.onnx = OnnxRuntime(self.onnx_path, threads=self.threads)
+            self.runtime = exported_runtime(self.exported_path, threads=self.threads)
             self.net = None
         else:
             from project.export.trained import load_trained
 
             if self.ckpt_path is None:
                 raise UserError(
-                    "ClassifierAPI needs ckpt_path (a checkpoint) or onnx_path (an exported model)"
+                    "ClassifierAPI needs ckpt_path (a checkpoint), onnx_path or aoti_path (an exported model)"
                 )
             trained = load_trained(self.ckpt_path, self.configs, self.overrides)
             self.pre: Preprocessing = trained.preprocessing
@@ -139,7 +142,7 @@ class ClassifierAPI(ls.LitAPI):
             )
             with torch.inference_mode():
                 return self.decoder.probabilities(self.net(x)).cpu().numpy()
-        return self.decoder.probabilities(self.onnx(self.pre.normalize(images).numpy()))
+        return self.decoder.probabilities(self.runtime(self.pre.normalize(images).numpy()))
 
     def encode_response(self, output: Any) -> Any:
         if isinstance(output, Rejected):
