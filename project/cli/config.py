@@ -87,13 +87,14 @@ def add_project_arguments(parser: LightningArgumentParser, command: str | None) 
     if command is not None:
         skip = set[str | int](LightningCLI.subcommands()[command])
         method_args = parser.add_method_arguments(Trainer, command, skip=skip)
-    if command == "fit":
-        parser.add_argument(
-            "--test_after_fit",
-            type=bool,
-            default=True,
-            help="Test the best checkpoint on the data's test split after fitting, where it has one",
-        )
+    # Every command takes it, for a fit's saved config.yaml holds it and validate/test/predict read that file;
+    # only fit acts on it.
+    parser.add_argument(
+        "--test_after_fit",
+        type=bool,
+        default=True,
+        help="fit: test the best checkpoint on the data's test split after fitting, where it has one",
+    )
 
     # Each link applies where its target exists: a task or network without the argument is left alone.
     for source, target in LINKS:
