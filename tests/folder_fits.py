@@ -1,5 +1,5 @@
 """Tiny image folders and the `fit` flags that train on them in seconds: what the core's tests and every part's
-tests share (the studies' own helpers, in tests/study_runs.py, build on these)."""
+tests share (a part's own test helpers build on these)."""
 
 from pathlib import Path
 

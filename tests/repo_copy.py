@@ -15,8 +15,9 @@ import yaml
 
 from tests.conftest import ROOT
 
-#: The optional parts: name -> {"summary", "commands", "files"} (parts.yaml says what each field means).
-PARTS: dict[str, dict] = yaml.safe_load((ROOT / "parts.yaml").read_text())
+#: The optional parts present: name -> {"summary", "commands", "extras", "files"} (parts.yaml says what each
+#: field means). A project made without some parts lists only the ones it has.
+PARTS: dict[str, dict] = yaml.safe_load((ROOT / "parts.yaml").read_text()) or {}
 
 
 def repository_files() -> list[str]:
@@ -59,7 +60,8 @@ def part_is_present(part: str) -> bool:
 
 
 def delete_part(part: str, copy: Path) -> list[str]:
-    """Deletes the files of `part` from `copy` (and the folders left empty); returns them."""
+    """Deletes the files of `part` from `copy` (and the folders left empty) and the lines marked as the part's
+    in the files that remain; returns the files deleted."""
     files = [str(p.relative_to(copy)) for p in copy.rglob("*") if p.is_file()]
     doomed = part_files(part, files)
     for name in doomed:
@@ -68,7 +70,35 @@ def delete_part(part: str, copy: Path) -> list[str]:
         while folder != copy and folder.is_dir() and not any(folder.iterdir()):
             folder.rmdir()
             folder = folder.parent
+    for name in sorted(set(files) - set(doomed)):
+        try:
+            text = (copy / name).read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            continue
+        if (kept := without_part_blocks(text, part)) != text:
+            (copy / name).write_text(kept, encoding="utf-8")
     return doomed
+
+
+def part_blocks(part: str) -> re.Pattern[str]:
+    """The lines a file shares with `part`: from a line `# part: <part>` to `# /part: <part>` (code, configs,
+    scripts), or from `<!-- part: <part> -->` to `<!-- /part: <part> -->` (Markdown), with the blank lines after
+    a block that has blank lines before it."""
+    name = re.escape(part)
+    start, end = (
+        rf"(?:#\s*part: {name}|<!-- part: {name} -->)",
+        rf"(?:#\s*/part: {name}|<!-- /part: {name} -->)",
+    )
+    return re.compile(rf"^[ \t]*{start}[ \t]*\n.*?^[ \t]*{end}[ \t]*(?:\n|\Z)((?:[ \t]*\n)*)", re.M | re.S)
+
+
+def without_part_blocks(text: str, part: str) -> str:
+    """`text` without the lines it shares with `part` (what template/render.py removes from a project made
+    without the part)."""
+    kept = part_blocks(part).sub(
+        lambda m: "" if m.start() == 0 or text[: m.start()].endswith("\n\n") else m.group(1), text
+    )
+    return kept.rstrip("\n") + "\n" if kept != text and kept.endswith("\n\n") else kept
 
 
 def run_in(

@@ -20,10 +20,7 @@ from project.errors import UserError
 from project.models import MLP
 from project.tasks import ImageClassifier
 from tests.conftest import CONFIGS, run_cli
-from tests.fakes import make_image_folder
 from tests.wandb_reader import read_run
-
-pytest_plugins = ["tests.deploy_fixtures"]  # fixtures: trained_run, exported
 
 
 def cifar_args(data: Path, root: Path, *extra) -> list[str]:
@@ -345,27 +342,3 @@ def test_predict_names_every_unreadable_image_or_leaves_them_all_out(tmp_path, c
     assert "leaving out 2 unreadable image(s)" in capsys.readouterr().err
     main([str(a) for a in ["predict", *args, "--ckpt_path", "best"]])
     assert "warning: no data.predict_root given: predicting the validation split (" in capsys.readouterr().err
-
-
-def test_streaming_fit_and_predict_say_only_what_applies(tmp_path):
-    pytest.importorskip("litdata", reason="streaming is an optional extra: pip install -e '.[streaming]'")
-    images = make_image_folder(tmp_path / "images", classes=2, per_class=6, extras=False)
-    prepared = tmp_path / "prepared"
-    main([str(a) for a in ["prepare", "--config", CONFIGS / "folder.yaml", "--data.root", images, "--data.cache_dir",
-                           tmp_path / "cache", "--output_dir", prepared, "--size", "16", "--num_workers", "1"]])  # fmt: skip
-    args = [
-        "--config", CONFIGS / "streaming.yaml", "--data.input_dir", prepared, "--data.image_size", "8",
-        "--data.batch_size", "2", "--data.num_workers", "2", "--model.net", "SimpleCNN",
-        "--model.net.init_args.width", "4", "--trainer.logger", "false", "--trainer.enable_progress_bar", "false",
-        "--trainer.default_root_dir", tmp_path / "logs",
-    ]  # fmt: skip
-    fit = run_cli("fit", *map(str, args), "--trainer.max_steps", "2", cwd=tmp_path)
-    (ckpt,) = (tmp_path / "logs").rglob("last.ckpt")
-    predict = run_cli("predict", *map(str, args), "--ckpt_path", str(ckpt), cwd=tmp_path)
-    for run in (fit, predict):  # litdata gives each worker its own chunks; predictions carry their index
-        assert "IterableDataset" not in run.stderr and "Couldn't infer the batch indices" not in run.stderr
-    said = [line for line in predict.stderr.splitlines() if "predict_split" in line]
-    assert len(said) == 1 and said[0].startswith(
-        "warning: no data.predict_split given: predicting the val split"
-    )
-    assert "named val/<place in the split>" in said[0]

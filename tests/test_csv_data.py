@@ -16,7 +16,7 @@ from project.data import ImageCSVDataModule
 from project.data.folds import fold_split, iterative_stratification
 from project.data.targets import Classes, Tags
 from project.errors import UserError
-from tests.conftest import CONFIGS, run_cli
+from tests.conftest import CONFIGS
 
 TAGS = ["cat", "dog", "sky"]
 
@@ -335,22 +335,6 @@ def test_fit_with_configs_csv_yaml(tmp_path):
     main([str(a) for a in args])
 
 
-@pytest.mark.slow
-def test_cross_validation_over_a_csv(tmp_path):
-    csv = dataset(tmp_path, n=18)
-    args = [
-        "cv", "--config", CONFIGS / "csv.yaml", "--data.csv", csv, "--data.cache_dir", tmp_path / "cache",
-        "--model.net", "SimpleCNN", "--model.net.init_args.width", "4", "--model.net.init_args.hidden", "8",
-        "--data.image_size", "8", "--data.batch_size", "4", "--data.num_workers", "0",
-        "--trainer.accelerator", "cpu", "--trainer.precision", "32-true", "--trainer.max_epochs", "1",
-        "--trainer.enable_progress_bar", "false", "--trainer.default_root_dir", tmp_path / "logs",
-        "--folds", "2", "--wandb", "false",
-    ]  # fmt: skip
-    run_cli(*map(str, args), cwd=tmp_path)
-    results = (tmp_path / "logs" / "cv" / "csv" / "cv_results.md").read_text()
-    assert "| 0 |" in results and "| 1 |" in results and "| a |" in results
-
-
 def test_a_multilabel_validation_split_that_comes_out_empty_says_what_to_change(tmp_path):
     write_images(tmp_path / "img", 3)
     csv = write_csv(tmp_path / "t.csv", ["img/0.png,cat", "img/1.png,", "img/2.png,cat dog"])
@@ -358,49 +342,3 @@ def test_a_multilabel_validation_split_that_comes_out_empty_says_what_to_change(
         UserError, match=r"data.val_fraction=0.1 leaves no image to validate on.*raise data.val_fraction"
     ):
         csv_dm(csv, tmp_path, multilabel=True, val_fraction=0.1).setup("fit")
-
-
-# -- the benchmarks' datasets ------------------------------------------------------------------------------------
-def test_a_csv_copy_of_class_folders_gives_the_folder_modules_files_labels_and_split(tmp_path):
-    from benchmarks.labels_from_csv import write_csv as write_folder_csv
-    from project.data import ImageFolderDataModule
-    from project.data.images import list_images
-
-    for name in ("ant", "bee", "cow"):
-        write_images(tmp_path / "ds" / name, 5, seed=len(name))
-    folder = ImageFolderDataModule(str(tmp_path / "ds"), image_size=8, cache_dir=str(tmp_path / "cache"))
-    write_folder_csv(
-        tmp_path / "labels.csv", tmp_path / "ds", list_images(tmp_path / "ds"), strip_extension=True
-    )
-    from_csv = csv_dm(tmp_path / "labels.csv", tmp_path, images=str(tmp_path / "ds"))
-    assert from_csv.class_names == folder.class_names and from_csv.train_files == folder.train_files
-    assert from_csv.train_labels == folder.train_labels and from_csv._split() == folder._split()
-
-
-def test_multilabel_canvases_are_tagged_with_the_classes_pasted(tmp_path, monkeypatch):
-    import sys
-
-    from benchmarks import multilabel_canvas
-
-    for name in ("ant", "bee", "cow"):
-        write_images(tmp_path / "src" / name, 6, seed=len(name))
-    argv = [
-        "x",
-        "--src",
-        str(tmp_path / "src"),
-        "--dst",
-        str(tmp_path / "c"),
-        "--train",
-        "12",
-        "--test",
-        "4",
-        "--size",
-        "16",
-    ]
-    monkeypatch.setattr(sys, "argv", argv)
-    multilabel_canvas.main()
-    dm = csv_dm(tmp_path / "c" / "train.csv", tmp_path, multilabel=True, val_fraction=0.25)
-    assert dm.class_names == ["ant", "bee", "cow"] and len(dm.train_files) == 12
-    assert all(1 <= len(tags) <= 3 for tags in dm.train_labels)
-    with Image.open(dm.train_files[0]) as im:
-        assert im.size == (16, 16)

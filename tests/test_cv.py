@@ -16,14 +16,17 @@ import torch
 
 from project.cli import main, split_args
 from project.data import CIFARDataModule, ImageFolderDataModule
+from project.data import targets as kinds
 from project.data.folds import fold_split, stratified_folds
 from project.data.image_cache import channel_mean_std
 from project.errors import UserError
 from project.studies.cv import continues_alike, fold_numbers, parse_args
 from project.studies.cv_results import summarize
 from project.studies.runner import SETTINGS_FILE, claim_folder
-from tests.conftest import run_cli
+from tests.conftest import CONFIGS, run_cli
 from tests.folder_fits import tiny_fit_args, tiny_folder
+from tests.test_csv_data import dataset
+from tests.test_multilabel import PROBS, TAGS, TagData, identity_task
 from tests.wandb_reader import read_records, read_run
 
 LABELS = [0] * 7 + [1] * 12 + [2] * 5 + [1] * 3  # uneven classes, not sorted
@@ -383,6 +386,46 @@ def test_a_cv_whose_folds_end_by_max_steps_within_an_epoch_completes(tmp_path):
     assert [(f["fold"], f["epoch"]) for f in results["folds"]] == [(0, 0), (1, 0)]
     for f in results["folds"]:  # each fold's best is the validation at its one step
         assert f["val/acc"] == pytest.approx(f["monitored_best"], abs=1e-6)
+
+
+# -- cv's evaluation and the W&B dashboard ----------------------------------------------------------------------
+def test_evaluation_uses_the_tasks_probabilities_loss_and_metrics():
+    from project.studies.evaluate import BestModel, evaluate
+
+    class Plain(TagData):
+        def setup(self, stage):
+            pass
+
+        def transform_batch(self, batch, train):
+            return batch
+
+        def load_state_dict(self, state):
+            pass
+
+    best = BestModel(identity_task().eval(), Plain(), Path("m.ckpt"), 0, None, None)
+    result = evaluate(best, "val")
+    assert torch.allclose(result.probs, PROBS, atol=1e-6) and isinstance(result.kind, kinds.Tags)
+    assert result.metrics == {"val/map": pytest.approx(1.0)}
+    assert result.per_class(TAGS) == {"cat": pytest.approx(1.0), "dog": pytest.approx(1.0)}
+    assert result.score_name == "map" and result.score == pytest.approx(1.0)
+    ensemble = type(result)(result.kind, result.probs * torch.tensor([1.0, -1.0]) + 1, result.targets, 0.0)
+    assert ensemble.score == pytest.approx((1.0 + (1 / 3 + 2 / 4) / 2) / 2)  # dog: positives 3rd and 4th
+
+
+@pytest.mark.slow
+def test_cross_validation_over_a_csv(tmp_path):
+    csv = dataset(tmp_path, n=18)
+    args = [
+        "cv", "--config", CONFIGS / "csv.yaml", "--data.csv", csv, "--data.cache_dir", tmp_path / "cache",
+        "--model.net", "SimpleCNN", "--model.net.init_args.width", "4", "--model.net.init_args.hidden", "8",
+        "--data.image_size", "8", "--data.batch_size", "4", "--data.num_workers", "0",
+        "--trainer.accelerator", "cpu", "--trainer.precision", "32-true", "--trainer.max_epochs", "1",
+        "--trainer.enable_progress_bar", "false", "--trainer.default_root_dir", tmp_path / "logs",
+        "--folds", "2", "--wandb", "false",
+    ]  # fmt: skip
+    run_cli(*map(str, args), cwd=tmp_path)
+    results = (tmp_path / "logs" / "cv" / "csv" / "cv_results.md").read_text()
+    assert "| 0 |" in results and "| 1 |" in results and "| a |" in results
 
 
 def test_a_studys_fits_test_nothing_and_the_setting_is_the_studys(tmp_path):

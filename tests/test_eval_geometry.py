@@ -12,7 +12,6 @@ from project.cli import main
 from project.data import ImageFolderDataModule
 from project.data.images import decode_image, list_images
 from project.export.model_export import export
-from project.export.quantize import quantize
 from project.export.trained import load_trained
 from tests.folder_fits import tiny_fit_args, tiny_folder
 
@@ -55,7 +54,10 @@ def test_the_checkpoint_says_how_evaluation_cut_its_images(cropped_run, tmp_path
     torch.testing.assert_close(served, evaluated)
 
 
+# part: compression
 def test_quantize_measures_the_accuracy_test_measures(cropped_run, tmp_path, capsys):
+    from project.export.quantize import quantize
+
     _, _, args, ckpt = cropped_run
     main(["test", *args, "--ckpt_path", str(ckpt)])
     tested = float(re.search(r"test/acc\s*[│|]\s*([0-9.]+)", capsys.readouterr().out).group(1))
@@ -65,3 +67,6 @@ def test_quantize_measures_the_accuracy_test_measures(cropped_run, tmp_path, cap
     )  # fmt: skip
     fp32 = {r.variant: r for r in results}["FP32 eager"]
     assert fp32.accuracy == pytest.approx(tested, abs=1e-4)
+
+
+# /part: compression

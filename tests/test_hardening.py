@@ -7,7 +7,6 @@ In-process where the process boundary does not matter; tests/test_faults.py kill
 
 import contextlib
 import errno
-import json
 import multiprocessing
 import os
 import re
@@ -20,7 +19,6 @@ from urllib.error import URLError
 import numpy as np
 import pytest
 import torch
-from PIL import Image
 
 from project.data import CIFARDataModule, ImageFolderDataModule
 from project.data.image_cache import ImageCache
@@ -31,8 +29,6 @@ from tests.conftest import CONFIGS, ROOT, newest_run, run_cli
 from tests.fakes import bomb_png
 from tests.test_bad_input import fails
 from tests.tiny_fit import tiny_args
-
-pytest_plugins = ["tests.deploy_fixtures"]  # fixtures: trained_run, exported
 
 
 def cifar_fit(data: Path, root: Path, *extra: object) -> list[str]:
@@ -72,40 +68,6 @@ def test_a_bomb_in_a_class_folder_is_named_or_left_out(image_folder, tmp_path, c
     data.setup("fit")
     assert "warning: leaving out 1 unreadable image(s):" in capsys.readouterr().err
     assert len(data.train_set) + len(data.val_set) == 36
-
-
-def test_predict_onnx_names_a_bomb_and_writes_nothing(exported, tmp_path):
-    from project.export.predict_onnx import predict_onnx
-
-    images = tmp_path / "images"
-    images.mkdir()
-    Image.new("RGB", (40, 40), "red").save(images / "a.png")
-    (images / "b.png").write_bytes(bomb_png())
-    with pytest.raises(
-        UserError,
-        match=r"unreadable image file\(s\): .*b\.png \(ImageTooLarge: the image declares 400,000,000",
-    ):
-        predict_onnx(str(exported), str(images), output=str(tmp_path / "out.csv"))
-    assert not list(tmp_path.glob("*.csv")) and not list(tmp_path.glob(".*"))
-
-
-def test_serving_answers_a_bomb_413_and_the_rest_of_its_batch_as_usual(exported):
-    from project.serve.api import ClassifierAPI, Rejected
-
-    api = ClassifierAPI(onnx_path=str(exported), max_batch_size=4)
-    api.setup("cpu")
-    good = Image.new("RGB", (50, 40), "green")
-    buffer = __import__("io").BytesIO()
-    good.save(buffer, "PNG")
-    batch = [
-        api.decode_request(b)
-        for b in (buffer.getvalue(), bomb_png(), buffer.getvalue(), bomb_png(8_000, 6_000))
-    ]
-    assert [type(x) for x in batch] == [torch.Tensor, Rejected, torch.Tensor, Rejected]
-    assert batch[1].status == 413 and "400,000,000 pixels" in batch[1].detail
-    assert batch[3].status == 413 and "8000x6000" in batch[3].detail
-    answers = [api.encode_response(o) for o in api.predict(api.batch(batch))]
-    assert answers[0]["class_name"] == answers[2]["class_name"] and answers[1].status_code == 413
 
 
 def test_a_user_error_raised_in_a_dataloader_worker_is_its_own_line(image_folder, tmp_path, capsys):
@@ -250,6 +212,8 @@ def tmpfs(folder: Path, size: str, read_only: bool = False) -> Iterator[bool]:
     finally:
         if mounted:
             subprocess.run(["umount", str(folder)], check=True)
+
+
 def test_a_full_disk_while_caching_images_is_one_line_and_leaves_nothing(
     image_folder, tmp_path, capsys, monkeypatch
 ):
@@ -263,8 +227,10 @@ def test_a_full_disk_while_caching_images_is_one_line_and_leaves_nothing(
             assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr[-3000:]
             (line,) = [x for x in out.stderr.splitlines() if x.startswith("error:")]
         else:
+
             def no_room(fd: int, offset: int, length: int) -> None:
                 raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
             monkeypatch.setattr(os, "posix_fallocate", no_room)
             line = fails(args, capsys)
         assert line.startswith("error: no space left on the device to write the image cache ")
@@ -273,6 +239,8 @@ def test_a_full_disk_while_caching_images_is_one_line_and_leaves_nothing(
             "or decode the images in the loader with --data.cache false"
         )
         assert [p for p in disk.rglob("*") if p.is_file()] == []  # no .partial cache file
+
+
 # -- the image cache ----------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("damage", ["truncated array", "zeroed array", "truncated json"])
 def test_a_damaged_cache_is_noticed_named_and_rebuilt(image_folder, tmp_path, damage, capsys):
@@ -321,44 +289,13 @@ def read_only_dir(tmp_path, monkeypatch) -> Path:
         subprocess.run(["umount", str(folder)], check=True)
 
 
-def test_read_only_outputs_are_named_before_anything_runs(
-    trained_run, exported, image_folder, read_only_dir, capsys
-):
-    from project.export.model_export import export
-    from project.export.predict_onnx import predict_onnx
-
-    with pytest.raises(
-        UserError, match=rf"output_dir {read_only_dir}/out is not a writable folder \(Read-only"
-    ):
-        export(str(trained_run.ckpt), output_dir=str(read_only_dir / "out"))
-    with pytest.raises(
-        UserError, match=r"output .* is not a writable folder .*before any image is classified"
-    ):
-        predict_onnx(str(exported), str(image_folder), output=str(read_only_dir / "p.csv"))
+def test_read_only_outputs_are_named_before_anything_runs(fake_cifar, image_folder, read_only_dir, capsys):
     with pytest.raises(UserError, match=r"data.cache_dir .* is not a writable folder .*--data.cache false"):
         ImageFolderDataModule(
             str(image_folder), cache_dir=str(read_only_dir / "cache"), skip_corrupt=True
         ).setup("fit")
-    line = fails([*cifar_fit(trained_run.data_dir, read_only_dir / "logs")], capsys)
+    line = fails([*cifar_fit(fake_cifar, read_only_dir / "logs")], capsys)
     assert "trainer.default_root_dir" in line and "is not a writable folder" in line
-
-
-def test_export_refuses_a_folder_that_holds_an_export_and_replaces_it_whole(trained_run, tmp_path):
-    from project.export.model_export import export
-
-    out = tmp_path / "export"
-    # An earlier export (TorchScript: `all` would compile an AOTInductor package too).
-    export(str(trained_run.ckpt), format="torchscript", output_dir=str(out))
-    with pytest.raises(
-        UserError, match=r"already holds model\.torchscript\.pt, model\.json .*--overwrite true"
-    ):
-        export(str(trained_run.ckpt), format="onnx", output_dir=str(out))
-    export(str(trained_run.ckpt), format="onnx", output_dir=str(out), overwrite=True)
-    assert sorted(p.name for p in out.iterdir()) == [
-        "model.json",
-        "model.onnx",
-    ]  # the old TorchScript went too
-    assert list(json.loads((out / "model.json").read_text())["files"]) == ["onnx"]
 
 
 def test_a_failed_download_leaves_no_data_folder(tmp_path, monkeypatch):

@@ -47,7 +47,7 @@ SOURCES = sorted([*(ROOT / PACKAGE).rglob("*.py"), *(ROOT / "configs").rglob("*.
 def test_the_rule_sees_a_quoted_figure(tmp_path):
     sample = tmp_path / "sample.py"
     sample.write_text(
-        '"""Fast: see benchmarks/README.md section 4."""\n\nx = 1  # numpy is ~20x faster here\n'
+        '"""Fast: see the benchmarks, section 4."""\n\nx = 1  # numpy is ~20x faster here\n'
     )
     assert [n for n, text in comments_and_docstrings(sample) if QUOTED_FIGURE.search(text)] == [1, 3]
 
@@ -60,7 +60,7 @@ def test_comments_quote_no_figure_or_benchmarks_section(path):
         if QUOTED_FIGURE.search(text)
     ]
     assert quoted == [], (
-        f"{path.relative_to(ROOT)}: leave the figure to benchmarks/README.md and say why instead"
+        f"{path.relative_to(ROOT)}: leave the figure to the benchmarks and say why instead"
     )
 
 

@@ -1,9 +1,16 @@
+from functools import partial
+from pathlib import Path
+
 import pytest
 import torch
+import torchvision
 from torch import nn
 
-from project.models import MLP, CIFARResNet, SimpleCNN, TimmNet, TorchvisionNet, init_weights
+from project.errors import UserError
+from project.models import MLP, CIFARResNet, SimpleCNN, TorchvisionNet, init_weights
 from project.models.torchvision_net import _replace_head
+from project.tasks import ImageClassifier
+from project.tasks.factories import build_optimizer
 
 
 @pytest.mark.parametrize(
@@ -15,8 +22,6 @@ from project.models.torchvision_net import _replace_head
         (CIFARResNet(num_classes=7, depth=18), (3, 32, 32)),
         (TorchvisionNet("resnet18", num_classes=7), (3, 64, 64)),
         (TorchvisionNet("mobilenet_v3_small", num_classes=7), (3, 64, 64)),
-        (TimmNet("resnet18", num_classes=7), (3, 64, 64)),
-        (TimmNet("vit_tiny_patch16_224", num_classes=7, model_kwargs={"img_size": 32}), (3, 32, 32)),
     ],
     ids=[
         "simplecnn",
@@ -25,8 +30,6 @@ from project.models.torchvision_net import _replace_head
         "cifar-resnet18",
         "tv-resnet18",
         "tv-mobilenet",
-        "timm-resnet18",
-        "timm-vit-32px",
     ],  # fmt: skip
 )
 def test_forward_backward(net: nn.Module, shape):
@@ -85,3 +88,93 @@ def test_simple_cnn_is_the_seed_articles_network():
     assert wide.features[0].kernel_size == (5, 5) and wide(torch.zeros(2, 3, 32, 32)).shape == (2, 10)
     with pytest.raises(ValueError, match="kernel_size must be odd"):
         SimpleCNN(kernel_size=4)
+
+
+IMAGENET = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
+
+
+def test_torchvision_weights_come_from_the_hub_cache(tmp_path, monkeypatch):
+    # torchvision reads $TORCH_HOME/hub/checkpoints/<the URL's file name> when it is there (the hash in the
+    # name is checked only on download): the file a user with a network would have after the first run.
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path))
+    weights = torchvision.models.ResNet18_Weights.IMAGENET1K_V1
+    cached = tmp_path / "hub" / "checkpoints" / Path(weights.url).name
+    cached.parent.mkdir(parents=True)
+    torch.manual_seed(1)
+    saved = torchvision.models.resnet18().state_dict()
+    torch.save(saved, cached)
+    torch.manual_seed(2)
+    net = TorchvisionNet("resnet18", num_classes=3, weights="IMAGENET1K_V1")
+    loaded = net.net.state_dict()
+    assert all(torch.equal(loaded[k], saved[k]) for k in saved if not k.startswith("fc."))
+    assert loaded["fc.weight"].shape == (3, 512)
+    assert net.input_stats() == IMAGENET
+    assert TorchvisionNet("resnet18", num_classes=3).input_stats() is None
+    with pytest.raises(ValueError, match="resnet18 has no weights 'IMAGENET1K_V9'.*IMAGENET1K_V1"):
+        TorchvisionNet("resnet18", weights="IMAGENET1K_V9")
+
+
+def lrs_by_param(optimizer: torch.optim.Optimizer) -> dict[int, tuple[float, float]]:
+    return {id(p): (g["lr"], g["weight_decay"]) for g in optimizer.param_groups for p in g["params"]}
+
+
+def backbone_learns_slower_than_the_new_head(model: torch.nn.Module) -> None:
+    task = ImageClassifier(model, num_classes=3)
+    adamw = partial(torch.optim.AdamW, lr=1e-3, weight_decay=0.05)
+    lrs = lrs_by_param(build_optimizer(adamw, task, backbone_lr_scale=0.1))
+    head = set(model.head_parameter_names())
+    for name, p in model.named_parameters():
+        lr, wd = lrs[id(p)]
+        assert lr == pytest.approx(1e-3 if name in head else 1e-4), name
+        # Weight decay itself unchanged (decoupled: it shrinks with the rate); biases and norms still exempt.
+        assert wd == (0.0 if p.ndim == 1 else 0.05), name
+    # Without the setting: the groups the template always made.
+    assert len(build_optimizer(adamw, task).param_groups) == 2
+
+
+def test_backbone_lr_scale_needs_a_network_that_names_its_head():
+    task = ImageClassifier(SimpleCNN(num_classes=3, width=4, hidden=8), num_classes=3)
+    with pytest.raises(
+        UserError, match=r"model.backbone_lr_scale needs a network that says which parameters"
+    ):
+        build_optimizer(torch.optim.AdamW, task, backbone_lr_scale=0.1)
+    tv = ImageClassifier(TorchvisionNet("resnet18", num_classes=3), num_classes=3)
+    with pytest.raises(UserError, match=r"model.layer_decay needs a network that gives its layers' depths"):
+        build_optimizer(torch.optim.AdamW, tv, layer_decay=0.7)
+
+
+def test_torchvision_loads_a_weights_file_and_refuses_one_of_another_network(tmp_path, capsys):
+    torch.manual_seed(1)
+    saved = torchvision.models.resnet18().state_dict()
+    torch.save({f"module.{k}": v for k, v in saved.items()}, tmp_path / "resnet18.pth")  # as DDP saves it
+    torch.manual_seed(2)
+    net = TorchvisionNet("resnet18", num_classes=3, weights_file=str(tmp_path / "resnet18.pth"))
+    loaded = net.net.state_dict()
+    assert all(torch.equal(loaded[k], saved[k]) for k in saved if not k.startswith("fc."))
+    assert loaded["fc.weight"].shape == (3, 512) and net.input_stats() == IMAGENET
+    owner = "model.net TorchvisionNet: weights_file"
+    torch.save(torchvision.models.resnet34().state_dict(), tmp_path / "resnet34.pth")
+    with pytest.raises(
+        UserError, match=rf"{owner} .*resnet34.pth does not match the network: .* but not the net"
+    ):
+        TorchvisionNet("resnet18", weights_file=str(tmp_path / "resnet34.pth"))
+    torch.save(torchvision.models.mobilenet_v3_small().state_dict(), tmp_path / "mobilenet.pth")
+    with pytest.raises(
+        UserError, match=rf"{owner} .*mobilenet.pth matches none of the network's 100 tensors"
+    ):
+        TorchvisionNet("resnet18", weights_file=str(tmp_path / "mobilenet.pth"))
+    torch.save({**saved, "conv1.weight": torch.zeros(32, 3, 7, 7)}, tmp_path / "narrow.pth")
+    with pytest.raises(
+        UserError,
+        match=rf"{owner} .*narrow.pth does not fit the network: 1 tensor\(s\) of other shapes \(conv1.weight \(32, 3",
+    ):
+        TorchvisionNet("resnet18", weights_file=str(tmp_path / "narrow.pth"))
+    torch.save(torchvision.models.resnet18(), tmp_path / "whole.pth")
+    with pytest.raises(
+        UserError, match=rf"{owner} .*whole.pth holds pickled Python objects \(torchvision.models"
+    ):
+        TorchvisionNet("resnet18", weights_file=str(tmp_path / "whole.pth"))
+
+
+def test_torchvision_backbone_learns_slower_than_the_new_head():
+    backbone_learns_slower_than_the_new_head(TorchvisionNet("resnet18", num_classes=3))

@@ -3,8 +3,6 @@ record), its predictions, and what export, predict_onnx, serve, quantize's repor
 dashboard make of them. Tiny tensors and a 2-tag identity "network" whose outputs are the inputs."""
 
 import csv
-import io
-import json
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -12,7 +10,6 @@ import lightning as L
 import numpy as np
 import pytest
 import torch
-from jsonargparse import Namespace
 from PIL import Image
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
@@ -20,11 +17,6 @@ from torch.utils.data import DataLoader, TensorDataset
 from project.callbacks import PredictionWriter
 from project.data import targets as kinds
 from project.errors import UserError
-from project.export.decoding import Tags, decoder_for
-from project.export.model_export import export_trained
-from project.export.preprocessing import Preprocessing
-from project.export.report import accuracy, columns, markdown
-from project.export.trained import TrainedModel
 from project.models import MLP
 from project.tasks import ImageClassifier, MultiLabelClassifier
 from project.tasks.task import check_task_fits_data
@@ -157,158 +149,6 @@ def test_task_and_data_must_agree_on_what_a_target_is(tmp_path):
     check_task_fits_data(identity_task(), object())  # a DataModule that does not say: not checked
 
 
-# -- downstream: export, predict_onnx, serve, quantize's report ---------------------------------------------
-@pytest.fixture(scope="module")
-def exported_tags(tmp_path_factory) -> tuple[Path, nn.Module]:
-    """A tiny multi-label MLP on 8x8 images exported to ONNX and TorchScript, thresholds 0.4 and 0.6."""
-    torch.manual_seed(0)
-    net = MLP(num_classes=2, input_shape=(3, 8, 8), hidden=8).eval()
-    task = identity_task().output_spec() | {"thresholds": [0.4, 0.6]}
-    pre = Preprocessing((3, 8, 8), (0.5, 0.5, 0.5), (0.25, 0.25, 0.25), tuple(TAGS))
-    out = tmp_path_factory.mktemp("tags_export")
-    export_trained(TrainedModel(net, pre, Namespace(), Path("m.ckpt"), task), out)
-    return out, net
-
-
-def test_export_writes_tags_thresholds_and_sigmoid_probabilities(exported_tags):
-    from project.export.runtimes import OnnxRuntime
-
-    out, net = exported_tags
-    meta = json.loads((out / "model.json").read_text())
-    assert meta["task"]["names"] == TAGS and meta["task"]["thresholds"] == [0.4, 0.6]
-    assert meta["task"]["outputs"] == "probabilities" and meta["task"]["kind"] == "tags"
-    assert meta["output"]["meaning"].startswith("probabilities; every tag")
-    assert meta["source"]["network"] == "MLP"
-    assert meta["output"]["name"] == "probabilities"
-    assert [o.name for o in OnnxRuntime(out / "model.onnx").session.get_outputs()] == ["probabilities"]
-    x = torch.randn(5, 3, 8, 8)
-    eager = torch.sigmoid(net(x))
-    assert np.allclose(OnnxRuntime(out / "model.onnx")(x.numpy()), eager.detach().numpy(), atol=1e-5)
-    scripted = torch.jit.load(str(out / "model.torchscript.pt"))
-    assert torch.allclose(scripted(x), eager, atol=1e-5)
-
-
-def _png(colour: tuple[int, int, int]) -> bytes:
-    buffer = io.BytesIO()
-    Image.new("RGB", (13, 9), colour).save(buffer, "PNG")
-    return buffer.getvalue()
-
-
-def test_predict_onnx_writes_tags(exported_tags, tmp_path):
-    from project.export.predict_onnx import predict_onnx
-
-    out, _ = exported_tags
-    images = tmp_path / "images"
-    images.mkdir()
-    for i, colour in enumerate([(255, 0, 0), (0, 0, 255), (30, 200, 30)]):
-        (images / f"{i}.png").write_bytes(_png(colour))
-    predict_onnx(str(out / "model.onnx"), str(images), output=str(tmp_path / "p.csv"))
-    rows = list(csv.DictReader((tmp_path / "p.csv").open()))
-    assert list(rows[0]) == ["input", "labels", "p_cat", "p_dog"] and len(rows) == 3
-    for row in rows:  # each image's tags are those at or above their thresholds
-        expected = [t for t, limit in zip(TAGS, (0.4, 0.6), strict=True) if float(row[f"p_{t}"]) >= limit]
-        assert row["labels"].split() == expected
-
-
-def test_serve_answers_labels_and_probabilities(exported_tags):
-    from project.serve.api import ClassifierAPI
-
-    out, net = exported_tags
-    api = ClassifierAPI(onnx_path=str(out / "model.onnx"))
-    api.setup("cpu")
-    answer = api.encode_response(api.predict(api.decode_request(_png((255, 0, 0)))))
-    assert set(answer) == {"labels", "probabilities"} and set(answer["probabilities"]) == set(TAGS)
-    x = api.pre.normalize(api.pre.decode(_png((255, 0, 0)))[None])
-    eager = torch.sigmoid(net(x))[0].tolist()
-    assert [answer["probabilities"][t] for t in TAGS] == pytest.approx(eager, abs=1e-5)
-    assert answer["labels"] == [t for t, p, limit in zip(TAGS, eager, (0.4, 0.6), strict=True) if p >= limit]
-
-
-def test_quantize_report_gives_map_and_tag_set_agreement():
-    decoder = decoder_for(identity_task().output_spec(), TAGS)  # logits in, as the eager network gives
-    assert isinstance(decoder, Tags)
-    batches = [(LOGITS[:2].numpy(), TARGETS[:2].numpy()), (LOGITS[2:].numpy(), TARGETS[2:].numpy())]
-    flipped = {"FP32 eager": lambda x: x, "INT8": lambda x: x * np.array([1.0, -1.0], dtype=np.float32)}
-    scores, samples = accuracy(flipped, batches, reference="FP32 eager", decoder=decoder)
-    assert samples == 4 and scores["FP32 eager"] == {"accuracy": 1.0, "agreement": 1.0}
-    # dog's ranking reversed: its positives come 3rd (after a tie of two negatives) and 4th
-    assert scores["INT8"]["accuracy"] == pytest.approx((1.0 + (1 / 3 + 2 / 4) / 2) / 2)
-    assert scores["INT8"]["agreement"] == 0.0  # at thresholds 0.5, every image's dog decision flips
-    assert columns(decoder)[1] == "mAP" and columns(decoder)[-1] == "tag sets agree with FP32"
-    from project.export.report import VariantResult
-
-    result = VariantResult("fp32_eager", "FP32 eager", 1.0, 1.0, 1.0, 100.0, 1.0, "m.ckpt", "PyTorch eager")
-    info = {
-        "samples": 4,
-        "split": "test",
-        "threads": 1,
-        "repeats": 1,
-        "warmup": 1,
-        "batch_size": 4,
-        "calibration_batches": 1,
-        "calibration": "minmax",
-        "command": "python -m project quantize",
-        "machine": {"cpu": "cpu", "cpus": 1, "torch": "t", "onnxruntime": "o"},
-        "qat": None,
-    }
-    text = markdown([result], info, decoder)
-    assert text.startswith("| variant | mAP |") and "mAP (macro mean average precision over the tags" in text
-
-
-# -- cv's evaluation and the W&B dashboard ----------------------------------------------------------------------
-def test_evaluation_uses_the_tasks_probabilities_loss_and_metrics():
-    from project.studies.evaluate import BestModel, evaluate
-
-    class Plain(TagData):
-        def setup(self, stage):
-            pass
-
-        def transform_batch(self, batch, train):
-            return batch
-
-        def load_state_dict(self, state):
-            pass
-
-    best = BestModel(identity_task().eval(), Plain(), Path("m.ckpt"), 0, None, None)
-    result = evaluate(best, "val")
-    assert torch.allclose(result.probs, PROBS, atol=1e-6) and isinstance(result.kind, kinds.Tags)
-    assert result.metrics == {"val/map": pytest.approx(1.0)}
-    assert result.per_class(TAGS) == {"cat": pytest.approx(1.0), "dog": pytest.approx(1.0)}
-    assert result.score_name == "map" and result.score == pytest.approx(1.0)
-    ensemble = type(result)(result.kind, result.probs * torch.tensor([1.0, -1.0]) + 1, result.targets, 0.0)
-    assert ensemble.score == pytest.approx((1.0 + (1 / 3 + 2 / 4) / 2) / 2)  # dog: positives 3rd and 4th
-
-
-def test_wandb_dashboard_shows_per_tag_ap_and_pr_curves_not_a_confusion_matrix():
-    from project.callbacks.diagnostics.wandb_dashboard import WandbDashboard
-
-    logged = {}
-    dashboard = WandbDashboard(watch=None)
-    dashboard._logger = SimpleNamespace(log_metrics=lambda metrics, step: logged.update(metrics))  # pyright: ignore[reportAttributeAccessIssue]
-    module = identity_task()
-    run = SimpleNamespace(
-        sanity_checking=False,
-        current_epoch=0,
-        max_epochs=1,
-        training=True,
-        is_global_zero=True,
-        global_step=3,
-        datamodule=TagData(),
-        strategy=SimpleNamespace(reduce=lambda t, reduce_op: t),
-    )
-    dashboard.on_validation_epoch_start(run, module)  # pyright: ignore[reportArgumentType]
-    for i in (0, 2):
-        batch = (LOGITS[i : i + 2], TARGETS[i : i + 2])
-        outputs = {"logits": batch[0], "targets": batch[1]}
-        dashboard.on_validation_batch_end(run, module, outputs, batch, i)  # pyright: ignore[reportArgumentType]
-    dashboard.on_validation_epoch_end(run, module)  # pyright: ignore[reportArgumentType]
-    assert set(logged) == {"val/ap_per_tag", "val/pr_curve"}
-    bars = logged["val/ap_per_tag"].table
-    assert bars.columns == ["tag", "AP"] and [row[0] for row in bars.data] == TAGS
-    assert [row[1] for row in bars.data] == pytest.approx([1.0, 1.0])
-    assert logged["val/pr_curve"].table.columns == ["tag", "recall", "precision"]
-
-
 # -- end to end, through the command line ---------------------------------------------------------------------
 def colour_tagged(folder: Path, n: int = 48) -> Path:
     """`folder/tags.csv` over 8x8 PNGs: red when tagged `red`, blue when tagged `blue` (any of 4 sets)."""
@@ -328,7 +168,6 @@ def colour_tagged(folder: Path, n: int = 48) -> Path:
 
 @pytest.mark.slow
 def test_tagged_csv_fit_predict_export_and_predict_onnx_agree(tmp_path):
-    from project.export.predict_onnx import predict_onnx
     from tests.conftest import CONFIGS, newest_run, run_cli
 
     csv_file = colour_tagged(tmp_path / "data")
@@ -362,19 +201,8 @@ def test_tagged_csv_fit_predict_export_and_predict_onnx_agree(tmp_path):
         "--prediction_writer.output_path", tmp_path / "ckpt.csv",
     ]  # fmt: skip
     run_cli(*map(str, predict), cwd=tmp_path)
-    from project.export.model_export import export
-
-    export(str(ckpt), format="onnx", output_dir=str(tmp_path / "export"))
-    predict_onnx(
-        str(tmp_path / "export" / "model.onnx"), str(tmp_path / "data" / "img"), str(tmp_path / "o.csv")
-    )
     by_ckpt = {Path(r["input"]).name: r for r in csv.DictReader((tmp_path / "ckpt.csv").open())}
-    by_onnx = {Path(r["input"]).name: r for r in csv.DictReader((tmp_path / "o.csv").open())}
-    assert list(next(iter(by_ckpt.values()))) == ["input", "labels", "p_blue", "p_red"]
-    assert by_ckpt and set(by_ckpt) <= set(by_onnx)
-    for name, row in by_ckpt.items():
-        assert by_onnx[name]["labels"] == row["labels"]
-        assert float(by_onnx[name]["p_red"]) == pytest.approx(float(row["p_red"]), abs=1e-4)
+    assert list(next(iter(by_ckpt.values()))) == ["input", "labels", "p_blue", "p_red"] and by_ckpt
     # The colours are learnable: the tags are right on (nearly) every predicted image.
     truth = {
         f"{i}.png": " ".join(t for t, has in (("blue", i % 4 >= 2), ("red", i % 2 == 1)) if has)
@@ -382,7 +210,21 @@ def test_tagged_csv_fit_predict_export_and_predict_onnx_agree(tmp_path):
     }
     right = sum(row["labels"] == truth[name] for name, row in by_ckpt.items())
     assert right >= 0.8 * len(by_ckpt)
-    # serve from the checkpoint answers the same tags as predict did
+
+    # part: production
+    # export and predict_onnx give what predict gave; serve from the checkpoint answers the same tags
+    from project.export.model_export import export
+    from project.export.predict_onnx import predict_onnx
+
+    export(str(ckpt), format="onnx", output_dir=str(tmp_path / "export"))
+    predict_onnx(
+        str(tmp_path / "export" / "model.onnx"), str(tmp_path / "data" / "img"), str(tmp_path / "o.csv")
+    )
+    by_onnx = {Path(r["input"]).name: r for r in csv.DictReader((tmp_path / "o.csv").open())}
+    assert set(by_ckpt) <= set(by_onnx)
+    for name, row in by_ckpt.items():
+        assert by_onnx[name]["labels"] == row["labels"]
+        assert float(by_onnx[name]["p_red"]) == pytest.approx(float(row["p_red"]), abs=1e-4)
     from project.serve.api import ClassifierAPI
 
     api = ClassifierAPI(ckpt_path=str(ckpt))
@@ -393,6 +235,7 @@ def test_tagged_csv_fit_predict_export_and_predict_onnx_agree(tmp_path):
     )
     assert " ".join(answer["labels"]) == row["labels"]
     assert answer["probabilities"]["red"] == pytest.approx(float(row["p_red"]), abs=1e-4)
+    # /part: production
 
 
 @pytest.mark.slow

@@ -14,18 +14,31 @@ import torchvision
 
 from project.cli import Run, build, main
 from project.errors import UserError
-from project.export.trained import load_trained
-from project.models import SimpleCNN, TimmNet, TorchvisionNet
+from project.models import SimpleCNN
+from project.models.timm_net import TimmNet
 from project.tasks import ImageClassifier
 from project.tasks.factories import build_optimizer, scaled_max_lr
 from tests import docs_pages
 from tests.conftest import CONFIGS, ROOT
+from tests.test_models import IMAGENET, backbone_learns_slower_than_the_new_head, lrs_by_param
+from tests.test_models import test_forward_backward as forward_backward
 from tests.tiny_fit import command_args
 
-IMAGENET = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
 TINY_TIMM = "test_resnet.r160_in1k"  # timm's own test model: a small ResNet, its weights' mean/std 0.5
 TINY_TIMM_STATS = ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5))
 IMAGENET_TIMM = "test_efficientnet.r160_in1k"  # another, with ImageNet's mean/std
+
+
+@pytest.mark.parametrize(
+    ("net", "shape"),
+    [
+        (TimmNet("resnet18", num_classes=7), (3, 64, 64)),
+        (TimmNet("vit_tiny_patch16_224", num_classes=7, model_kwargs={"img_size": 32}), (3, 32, 32)),
+    ],
+    ids=["timm-resnet18", "timm-vit-32px"],
+)
+def test_timm_networks_train(net, shape):
+    forward_backward(net, shape)
 
 
 def saved_timm_weights(path: Path, name: str = TINY_TIMM) -> dict[str, torch.Tensor]:
@@ -80,45 +93,8 @@ def test_timm_bad_name_or_missing_file_is_one_line(tmp_path):
         TimmNet(TINY_TIMM, weights_file=str(tmp_path / "nothere.pth"))
 
 
-def test_torchvision_weights_come_from_the_hub_cache(tmp_path, monkeypatch):
-    # torchvision reads $TORCH_HOME/hub/checkpoints/<the URL's file name> when it is there (the hash in the
-    # name is checked only on download): the file a user with a network would have after the first run.
-    monkeypatch.setenv("TORCH_HOME", str(tmp_path))
-    weights = torchvision.models.ResNet18_Weights.IMAGENET1K_V1
-    cached = tmp_path / "hub" / "checkpoints" / Path(weights.url).name
-    cached.parent.mkdir(parents=True)
-    torch.manual_seed(1)
-    saved = torchvision.models.resnet18().state_dict()
-    torch.save(saved, cached)
-    torch.manual_seed(2)
-    net = TorchvisionNet("resnet18", num_classes=3, weights="IMAGENET1K_V1")
-    loaded = net.net.state_dict()
-    assert all(torch.equal(loaded[k], saved[k]) for k in saved if not k.startswith("fc."))
-    assert loaded["fc.weight"].shape == (3, 512)
-    assert net.input_stats() == IMAGENET
-    assert TorchvisionNet("resnet18", num_classes=3).input_stats() is None
-    with pytest.raises(ValueError, match="resnet18 has no weights 'IMAGENET1K_V9'.*IMAGENET1K_V1"):
-        TorchvisionNet("resnet18", weights="IMAGENET1K_V9")
-
-
-def lrs_by_param(optimizer: torch.optim.Optimizer) -> dict[int, tuple[float, float]]:
-    return {id(p): (g["lr"], g["weight_decay"]) for g in optimizer.param_groups for p in g["params"]}
-
-
-@pytest.mark.parametrize("net", ["timm", "torchvision"])
-def test_backbone_learns_slower_than_the_new_head(net):
-    model = TimmNet(TINY_TIMM, num_classes=3) if net == "timm" else TorchvisionNet("resnet18", num_classes=3)
-    task = ImageClassifier(model, num_classes=3)
-    adamw = partial(torch.optim.AdamW, lr=1e-3, weight_decay=0.05)
-    lrs = lrs_by_param(build_optimizer(adamw, task, backbone_lr_scale=0.1))
-    head = set(model.head_parameter_names())
-    for name, p in model.named_parameters():
-        lr, wd = lrs[id(p)]
-        assert lr == pytest.approx(1e-3 if name in head else 1e-4), name
-        # Weight decay itself unchanged (decoupled: it shrinks with the rate); biases and norms still exempt.
-        assert wd == (0.0 if p.ndim == 1 else 0.05), name
-    # Without the setting: the groups the template always made.
-    assert len(build_optimizer(adamw, task).param_groups) == 2
+def test_timm_backbone_learns_slower_than_the_new_head():
+    backbone_learns_slower_than_the_new_head(TimmNet(TINY_TIMM, num_classes=3))
 
 
 def test_layer_decay_scales_each_timm_stage_below_the_next():
@@ -136,17 +112,6 @@ def test_layer_decay_scales_each_timm_stage_below_the_next():
     max_lrs = scaled_max_lr(schedule, optimizer)
     assert max_lrs == [g.get("lr_scale", 1.0) for g in optimizer.param_groups]
     assert min(max_lrs) == pytest.approx(0.5**top)
-
-
-def test_backbone_lr_scale_needs_a_network_that_names_its_head():
-    task = ImageClassifier(SimpleCNN(num_classes=3, width=4, hidden=8), num_classes=3)
-    with pytest.raises(
-        UserError, match=r"model.backbone_lr_scale needs a network that says which parameters"
-    ):
-        build_optimizer(torch.optim.AdamW, task, backbone_lr_scale=0.1)
-    tv = ImageClassifier(TorchvisionNet("resnet18", num_classes=3), num_classes=3)
-    with pytest.raises(UserError, match=r"model.layer_decay needs a network that gives its layers' depths"):
-        build_optimizer(torch.optim.AdamW, tv, layer_decay=0.7)
 
 
 def test_timm_is_imported_only_by_a_run_that_uses_it():
@@ -205,11 +170,6 @@ def test_the_finetune_commands_train_from_the_weights_a_download_would_give(
     # export and serve.
     assert checkpoint["ImageFolderDataModule"]["mean"] == pytest.approx(IMAGENET[0])
     assert checkpoint["ImageFolderDataModule"]["std"] == pytest.approx(IMAGENET[1])
-    # Export rebuilds the network from the checkpoint: for timm, without loading the pretrained file again.
-    if "TorchvisionNet" not in command:
-        weights.unlink()
-    trained_net = load_trained(ckpt).net
-    assert torch.equal(trained_net.state_dict()["net.conv1.weight"], trained["net.net.conv1.weight"])
 
 
 def finetune_cli(image_folder: Path, tmp_path: Path, *extra: str, pretrained: bool = True) -> Run:
@@ -342,36 +302,3 @@ def test_the_finetune_command_with_a_weights_file_of_another_network_stops_in_on
     assert exit_info.value.code == 1
     errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
     assert errors == [errors[0]] and f"weights_file {path} matches none of the network's " in errors[0]
-
-
-def test_torchvision_loads_a_weights_file_and_refuses_one_of_another_network(tmp_path, capsys):
-    torch.manual_seed(1)
-    saved = torchvision.models.resnet18().state_dict()
-    torch.save({f"module.{k}": v for k, v in saved.items()}, tmp_path / "resnet18.pth")  # as DDP saves it
-    torch.manual_seed(2)
-    net = TorchvisionNet("resnet18", num_classes=3, weights_file=str(tmp_path / "resnet18.pth"))
-    loaded = net.net.state_dict()
-    assert all(torch.equal(loaded[k], saved[k]) for k in saved if not k.startswith("fc."))
-    assert loaded["fc.weight"].shape == (3, 512) and net.input_stats() == IMAGENET
-    owner = "model.net TorchvisionNet: weights_file"
-    torch.save(torchvision.models.resnet34().state_dict(), tmp_path / "resnet34.pth")
-    with pytest.raises(
-        UserError, match=rf"{owner} .*resnet34.pth does not match the network: .* but not the net"
-    ):
-        TorchvisionNet("resnet18", weights_file=str(tmp_path / "resnet34.pth"))
-    torch.save(torchvision.models.mobilenet_v3_small().state_dict(), tmp_path / "mobilenet.pth")
-    with pytest.raises(
-        UserError, match=rf"{owner} .*mobilenet.pth matches none of the network's 100 tensors"
-    ):
-        TorchvisionNet("resnet18", weights_file=str(tmp_path / "mobilenet.pth"))
-    torch.save({**saved, "conv1.weight": torch.zeros(32, 3, 7, 7)}, tmp_path / "narrow.pth")
-    with pytest.raises(
-        UserError,
-        match=rf"{owner} .*narrow.pth does not fit the network: 1 tensor\(s\) of other shapes \(conv1.weight \(32, 3",
-    ):
-        TorchvisionNet("resnet18", weights_file=str(tmp_path / "narrow.pth"))
-    torch.save(torchvision.models.resnet18(), tmp_path / "whole.pth")
-    with pytest.raises(
-        UserError, match=rf"{owner} .*whole.pth holds pickled Python objects \(torchvision.models"
-    ):
-        TorchvisionNet("resnet18", weights_file=str(tmp_path / "whole.pth"))

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from project.callbacks import ProgressivePruning
+from project.compression.pruning import ProgressivePruning
 from project.errors import UserError
 from project.run.checkpoints import load_checkpoint, load_weights
 from tests.callback_fit import epoch_values, make_data, make_model, make_trainer, read_metrics

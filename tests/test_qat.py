@@ -11,13 +11,15 @@ import torch
 from torch import nn
 from torchvision.models.resnet import BasicBlock
 
-from project.callbacks import ProgressivePruning, QuantizationAwareTraining
 from project.compression import int8_program, pt2e
+from project.compression.pruning import ProgressivePruning
+from project.compression.qat import QuantizationAwareTraining
 from project.errors import UserError
 from project.models import SimpleCNN
 from project.run.checkpoints import load_checkpoint, load_weights
 from tests.callback_fit import make_data, make_model, make_trainer
 from tests.conftest import CONFIGS, ROOT, newest_run, run_cli
+from tests.test_callback_configs import resolve
 
 
 def tiny_resnet() -> nn.Module:
@@ -177,3 +179,21 @@ def read_metrics_from_stdout(text: str) -> dict[str, str]:
     line = next(line for line in text.splitlines() if "validation accuracy" in line)
     parts = line.split("validation accuracy", 1)[1].split("(")[0].split("|")
     return dict(part.strip().rsplit(" ", 1) for part in parts)
+
+
+def test_pruning_qat_and_diagnostics_stack_together(capsys, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    names = ["pruning.yaml", "qat.yaml", "diagnostics.yaml", "speed.yaml"]
+    resolved = resolve(capsys, *(CONFIGS / "callbacks" / n for n in names))
+    got = [c["class_path"].rsplit(".", 1)[-1] for c in resolved["trainer"]["callbacks"]]
+    assert got == [
+        "ProgressivePruning",
+        "QuantizationAwareTraining",
+        "UpdateRatioMonitor",
+        "ImageThroughputMonitor",
+    ]
+    assert resolved["trainer"]["precision"] == "32-true"  # from qat.yaml, over the recipe's 16-mixed
+    # part: dashboards
+    assert resolved["wandb_dashboard"]["init_args"]["watch"] is None
+    # /part: dashboards
+    assert resolved["data_wait"]["init_args"]["synchronize"] is True

@@ -150,7 +150,7 @@ def test_pt2e_static_int8_artifact(tmp_path, monkeypatch):
     from project.compression import int8_program
     from project.compression.int8_program import load_int8, save_int8
     from project.compression.pt2e import quantize_static
-    from project.export.runtimes import load_int8_runtime
+    from project.export.quantize import load_int8_runtime
     from project.models import SimpleCNN
 
     torch.manual_seed(0)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import CONFIGS, ROOT, newest_run, subprocess_env
+from tests.conftest import CONFIGS, PACKAGE, ROOT, newest_run, subprocess_env
 from tests.fakes import make_image_folder
 
 WANDB_LINE = re.compile(r"^W&B run [a-z0-9]+ logged offline; to upload it: wandb sync (\S+)$", re.M)
@@ -80,7 +80,7 @@ def test_testing_without_a_test_split_says_in_one_line_which_split_it_scored(pri
 def test_an_editable_install_does_not_warn_about_folders_named_like_the_package(tmp_path):
     # What `make install` runs for the project itself, on a copy of it, into a prefix of its own.
     copy = tmp_path / "checkout"
-    shutil.copytree(ROOT / "project", copy / "project", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(ROOT / PACKAGE, copy / PACKAGE, ignore=shutil.ignore_patterns("__pycache__"))
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(ROOT / name, copy / name)
     command = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "-e", copy]
@@ -92,7 +92,7 @@ def test_an_editable_install_does_not_warn_about_folders_named_like_the_package(
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "same name" not in proc.stdout + proc.stderr and "Warning" not in proc.stdout + proc.stderr
-    (pth,) = (tmp_path / "prefix").glob("lib/python*/site-packages/__editable__.project-*.pth")
+    (pth,) = (tmp_path / "prefix").glob(f"lib/python*/site-packages/__editable__.{PACKAGE}-*.pth")
     assert pth.read_text().split() == [
         str(copy)
     ]  # the checkout's root on sys.path: `import project` finds it

@@ -14,6 +14,7 @@ import yaml
 
 from project.cli import TOOLS, run_command
 from tests import docs_pages
+from tests import test_making_it_yours as making_it_yours
 from tests.conftest import PACKAGE, ROOT
 
 COMMANDS = docs_pages.cli_commands()
@@ -33,24 +34,39 @@ RUNNERS = {
         lambda c: c.startswith("torchrun ") and f" -m {PACKAGE} " in c,
         ("tests.test_distributed", "test_readme_torchrun_commands_parse"),
     ),
+    "copier copy or update (making a project of your own)": (
+        lambda c: c in making_it_yours.page_commands("copier"),
+        ("tests.test_making_it_yours", "test_the_copier_commands_name_copiers_subcommands_and_options"),
+    ),
+    "git, around copier (making a project of your own)": (
+        lambda c: c in making_it_yours.page_commands("git"),
+        ("tests.test_making_it_yours", "test_the_git_commands_run_in_order_in_a_repository"),
+    ),
+    # An optional part's kinds of command go with it (parts.yaml), as its pages and tests do.
+    # part: cluster
     "sbatch the training script": (
         lambda c: (
             (c.startswith("sbatch ") and "train.sbatch" in c) or (c.startswith("CONFIG=") and " sbatch " in c)
         ),
-        ("tests.test_distributed", "test_readme_sbatch_commands_pass_their_arguments"),
+        ("tests.test_slurm_script", "test_readme_sbatch_commands_pass_their_arguments"),
     ),
+    # /part: cluster
+    # part: studies
     "cv or tune inside sbatch or a shell loop": (
         lambda c: not c.startswith(CLI) and re.search(f"{CLI}(cv|tune) ", c) is not None,
         ("tests.test_tune", "test_the_readme_lines_that_start_studies_on_slurm_or_many_gpus_parse"),
     ),
     "a W&B sweep": (
         lambda c: c.startswith(("wandb sweep ", "wandb agent ")),
-        ("tests.test_wandb_dashboard", "test_sweep_config_resolves_to_a_valid_fit_command"),
+        ("tests.test_tune", "test_sweep_config_resolves_to_a_valid_fit_command"),
     ),
+    # /part: studies
+    # part: production
     "an upload to serve": (
         lambda c: c.startswith("curl ") and "/predict" in c,
         ("tests.test_serve", "test_serve_classifies_rejects_and_stops"),
     ),
+    # /part: production
 }
 
 
@@ -132,11 +148,6 @@ def test_no_page_names_a_run_folder_whose_number_varies():
     ]
 
 
-def test_the_documented_sweeps_are_the_tested_one():
-    sweeps = [line.split()[-1] for _, line in docs_pages.shell_lines() if line.startswith("wandb sweep ")]
-    assert sweeps == ["configs/sweeps/cifar10.yaml"]  # what test_sweep_config_resolves_... resolves
-
-
 def _layout_section() -> str:
     return docs_pages.section(docs_pages.DOCS / "extending.md", "Layout")
 
@@ -185,16 +196,3 @@ def test_layout_names_every_folder_and_the_top_of_project_stays_small():
 def test_no_module_is_longer_than_300_lines():
     long = {str(p): n for p in (ROOT / PACKAGE).rglob("*.py") if (n := len(p.read_text().splitlines())) > 300}
     assert not long, long
-
-
-def test_the_documented_postgresql_url_has_its_driver_installed():
-    """The docs' `--storage postgresql://...` works as written with the `postgres` extra: SQLAlchemy maps the
-    bare URL to psycopg 3, which the extra installs (psycopg2 would not be found)."""
-    import sqlalchemy
-
-    urls = re.findall(r"--storage (postgresql[^\s']*)", docs_pages.text())
-    assert urls
-    for url in urls:
-        dialect = sqlalchemy.engine.make_url(url).get_dialect()
-        assert dialect.driver == "psycopg", (url, dialect.driver)
-        dialect.import_dbapi()  # the driver itself is installed

@@ -11,7 +11,8 @@ from tests.fakes import make_image_folder
 from tests.folder_fits import tiny_fit_args
 from tests.repo_copy import copy_repository, run_in
 
-NEW = "myclf"
+#: The new name (another one where the package is called that already).
+NEW = "myclf" if PACKAGE != "myclf" else "yourclf"
 
 #: tests/test_tooling.py's tests that name the package: build outputs `make clean` removes, the installed
 #: distributions, the declared imports.

@@ -436,3 +436,27 @@ def test_a_target_outside_the_names_of_the_metadata_is_one_line_naming_the_image
             "edited, or belongs to another dataset; prepare the images again"
         )
     assert decode({**stored, "target": np.ones(3, dtype=np.uint8)})[1].tolist() == [1.0, 1.0, 1.0]
+
+
+def test_streaming_fit_and_predict_say_only_what_applies(tmp_path):
+    pytest.importorskip("litdata", reason="streaming is an optional extra: pip install -e '.[streaming]'")
+    images = make_image_folder(tmp_path / "images", classes=2, per_class=6, extras=False)
+    prepared = tmp_path / "prepared"
+    main([str(a) for a in ["prepare", "--config", CONFIGS / "folder.yaml", "--data.root", images, "--data.cache_dir",
+                           tmp_path / "cache", "--output_dir", prepared, "--size", "16", "--num_workers", "1"]])  # fmt: skip
+    args = [
+        "--config", CONFIGS / "streaming.yaml", "--data.input_dir", prepared, "--data.image_size", "8",
+        "--data.batch_size", "2", "--data.num_workers", "2", "--model.net", "SimpleCNN",
+        "--model.net.init_args.width", "4", "--trainer.logger", "false", "--trainer.enable_progress_bar", "false",
+        "--trainer.default_root_dir", tmp_path / "logs",
+    ]  # fmt: skip
+    fit = run_cli("fit", *map(str, args), "--trainer.max_steps", "2", cwd=tmp_path)
+    (ckpt,) = (tmp_path / "logs").rglob("last.ckpt")
+    predict = run_cli("predict", *map(str, args), "--ckpt_path", str(ckpt), cwd=tmp_path)
+    for run in (fit, predict):  # litdata gives each worker its own chunks; predictions carry their index
+        assert "IterableDataset" not in run.stderr and "Couldn't infer the batch indices" not in run.stderr
+    said = [line for line in predict.stderr.splitlines() if "predict_split" in line]
+    assert len(said) == 1 and said[0].startswith(
+        "warning: no data.predict_split given: predicting the val split"
+    )
+    assert "named val/<place in the split>" in said[0]

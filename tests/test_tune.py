@@ -20,6 +20,7 @@ import torch
 import yaml
 from optuna.storages import RetryHeartbeatStaleTrialCallback
 from optuna.trial import TrialState
+from wandb.sdk.launch.sweeps.utils import create_sweep_command_args
 
 from project.cli import fit_parser, main, run_command
 from project.studies.search import as_flags, check_search, load_search
@@ -450,3 +451,49 @@ def test_a_trial_whose_max_steps_ends_within_an_epoch_completes(tmp_path):
     )
     (trial,) = _study(tmp_path, "lr").get_trials()
     assert trial.state == TrialState.COMPLETE and len(trial.intermediate_values) == 1
+
+
+def test_sweep_config_resolves_to_a_valid_fit_command(capsys, monkeypatch):
+    sweep = yaml.safe_load((CONFIGS / "sweeps" / "cifar10.yaml").read_text())
+    assert sweep["method"] == "bayes" and sweep["metric"] == {"name": "val/acc_best", "goal": "maximize"}
+    values = {}
+    for name, spec in sweep["parameters"].items():
+        values[name] = spec["values"][-1] if "values" in spec else spec["max"]
+    # What `wandb agent` runs: ${env} and the NAME=VALUE after it set the environment, ${args} are the flags.
+    command = sweep["command"]
+    assert command[:2] == ["${env}", "WANDB_MODE=online"] and command[2:5] == ["python", "-m", "project"]
+    flags = create_sweep_command_args({"args": {k: {"value": v} for k, v in values.items()}})["args"]
+    args = [a for a in command[5:] if a != "${args}"] + flags + ["--print_config"]
+    monkeypatch.chdir(ROOT)
+    with pytest.raises(SystemExit) as exit_info:
+        run_command(args)
+    assert exit_info.value.code in (0, None), capsys.readouterr().err
+    config = yaml.safe_load(capsys.readouterr().out)
+    assert (
+        config["model"]["init_args"]["scheduler"]["init_args"]["max_lr"]
+        == values["model.scheduler.init_args.max_lr"]
+    )
+    assert (
+        config["model"]["init_args"]["optimizer"]["init_args"]["weight_decay"]
+        == values["model.optimizer.init_args.weight_decay"]
+    )
+    assert config["model"]["init_args"]["label_smoothing"] == values["model.label_smoothing"]
+    assert config["trainer"]["max_epochs"] == 15 and config["wandb_dashboard"]["init_args"]["watch"] is None
+
+
+def test_the_documented_sweeps_are_the_tested_one():
+    sweeps = [line.split()[-1] for _, line in docs_pages.shell_lines() if line.startswith("wandb sweep ")]
+    assert sweeps == ["configs/sweeps/cifar10.yaml"]  # what test_sweep_config_resolves_... resolves
+
+
+def test_the_documented_postgresql_url_has_its_driver_installed():
+    """The docs' `--storage postgresql://...` works as written with the `postgres` extra: SQLAlchemy maps the
+    bare URL to psycopg 3, which the extra installs (psycopg2 would not be found)."""
+    import sqlalchemy
+
+    urls = re.findall(r"--storage (postgresql[^\s']*)", docs_pages.text())
+    assert urls
+    for url in urls:
+        dialect = sqlalchemy.engine.make_url(url).get_dialect()
+        assert dialect.driver == "psycopg", (url, dialect.driver)
+        dialect.import_dbapi()  # the driver itself is installed

@@ -1,17 +1,17 @@
 """W&B dashboards read back from an offline run: metrics, config, confusion matrix, worst-prediction table,
-histograms; and the W&B sweep config resolves to a valid `python -m project fit` command."""
+histograms, and per-tag charts for multi-label data."""
 
 import json
 import re
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
-import yaml
-from wandb.sdk.launch.sweeps.utils import create_sweep_command_args
 
-from project.cli import build, run_command
-from tests.conftest import CONFIGS, ROOT, run_cli
+from project.cli import build
+from tests.conftest import CONFIGS, run_cli
 from tests.fakes import CIFAR10_CLASSES
+from tests.test_multilabel import LOGITS, TAGS, TARGETS, TagData, identity_task
 from tests.wandb_reader import read_records, read_run
 
 
@@ -74,34 +74,6 @@ def test_offline_run_records_metrics_config_confusion_matrix_and_worst_predictio
     assert p_true == sorted(p_true)  # worst first
 
 
-def test_sweep_config_resolves_to_a_valid_fit_command(capsys, monkeypatch):
-    sweep = yaml.safe_load((CONFIGS / "sweeps" / "cifar10.yaml").read_text())
-    assert sweep["method"] == "bayes" and sweep["metric"] == {"name": "val/acc_best", "goal": "maximize"}
-    values = {}
-    for name, spec in sweep["parameters"].items():
-        values[name] = spec["values"][-1] if "values" in spec else spec["max"]
-    # What `wandb agent` runs: ${env} and the NAME=VALUE after it set the environment, ${args} are the flags.
-    command = sweep["command"]
-    assert command[:2] == ["${env}", "WANDB_MODE=online"] and command[2:5] == ["python", "-m", "project"]
-    flags = create_sweep_command_args({"args": {k: {"value": v} for k, v in values.items()}})["args"]
-    args = [a for a in command[5:] if a != "${args}"] + flags + ["--print_config"]
-    monkeypatch.chdir(ROOT)
-    with pytest.raises(SystemExit) as exit_info:
-        run_command(args)
-    assert exit_info.value.code in (0, None), capsys.readouterr().err
-    config = yaml.safe_load(capsys.readouterr().out)
-    assert (
-        config["model"]["init_args"]["scheduler"]["init_args"]["max_lr"]
-        == values["model.scheduler.init_args.max_lr"]
-    )
-    assert (
-        config["model"]["init_args"]["optimizer"]["init_args"]["weight_decay"]
-        == values["model.optimizer.init_args.weight_decay"]
-    )
-    assert config["model"]["init_args"]["label_smoothing"] == values["model.label_smoothing"]
-    assert config["trainer"]["max_epochs"] == 15 and config["wandb_dashboard"]["init_args"]["watch"] is None
-
-
 def test_offline_wandb_does_not_log_checkpoints_as_artifacts(fake_cifar, tmp_path, capsys):
     # Lightning raises on log_model=True with offline=True; the CLI keeps the checkpoints on disk instead.
     config = tmp_path / "logger.yaml"
@@ -147,3 +119,33 @@ def test_a_wandb_run_that_cannot_start_is_one_line_and_keeps_the_exit_status(
     assert re.search(
         r"warning: W&B could not start run \w{8}: run ID \w{8} is in use", capsys.readouterr().err
     )
+
+
+def test_wandb_dashboard_shows_per_tag_ap_and_pr_curves_not_a_confusion_matrix():
+    from project.callbacks.diagnostics.wandb_dashboard import WandbDashboard
+
+    logged = {}
+    dashboard = WandbDashboard(watch=None)
+    dashboard._logger = SimpleNamespace(log_metrics=lambda metrics, step: logged.update(metrics))  # pyright: ignore[reportAttributeAccessIssue]
+    module = identity_task()
+    run = SimpleNamespace(
+        sanity_checking=False,
+        current_epoch=0,
+        max_epochs=1,
+        training=True,
+        is_global_zero=True,
+        global_step=3,
+        datamodule=TagData(),
+        strategy=SimpleNamespace(reduce=lambda t, reduce_op: t),
+    )
+    dashboard.on_validation_epoch_start(run, module)  # pyright: ignore[reportArgumentType]
+    for i in (0, 2):
+        batch = (LOGITS[i : i + 2], TARGETS[i : i + 2])
+        outputs = {"logits": batch[0], "targets": batch[1]}
+        dashboard.on_validation_batch_end(run, module, outputs, batch, i)  # pyright: ignore[reportArgumentType]
+    dashboard.on_validation_epoch_end(run, module)  # pyright: ignore[reportArgumentType]
+    assert set(logged) == {"val/ap_per_tag", "val/pr_curve"}
+    bars = logged["val/ap_per_tag"].table
+    assert bars.columns == ["tag", "AP"] and [row[0] for row in bars.data] == TAGS
+    assert [row[1] for row in bars.data] == pytest.approx([1.0, 1.0])
+    assert logged["val/pr_curve"].table.columns == ["tag", "recall", "precision"]

@@ -1,10 +1,10 @@
 """Callbacks: extra behaviour around training, attached through Lightning hooks only.
 
 Grouped like `configs/`: the default ones here (checkpoints, predictions, effective batch size),
-`diagnostics/` (on by default: gradient norms, the non-finite guard, data wait, the W&B dashboard; opt-in:
-update ratios, throughput), `tuning/` (LR and batch-size finders), `debug/` (CUDA memory, profiler); training
-aids of particular recipes beside them (`PatchWhiteningInit`, `Lookahead`). Pruning and QAT live in
-`project.compression`.
+`diagnostics/` (on by default: gradient norms, the non-finite guard, data wait; opt-in: update ratios,
+throughput), `tuning/` (LR and batch-size finders), `debug/` (CUDA memory, profiler); training aids of
+particular recipes beside them (`PatchWhiteningInit`, `Lookahead`). An optional part's callbacks live in the
+part, and its configs name them by their full path (`class_path: <package>.<part>.<module>.<Class>`).
 
 A `fit` imports only the callbacks it always uses. The others are optional extras, listed in `OPTIONAL`: a config
 names them by class alone (`class_path: ProgressivePruning`), and `import_named` imports the ones a command line
@@ -20,7 +20,6 @@ from project.callbacks.checkpoint import BestAndLastCheckpoint
 from project.callbacks.diagnostics.data_wait import DataWaitMonitor
 from project.callbacks.diagnostics.grad_norm import GradientNormMonitor
 from project.callbacks.diagnostics.nonfinite import NonFiniteError, NonFiniteGuard
-from project.callbacks.diagnostics.wandb_dashboard import WandbDashboard
 from project.callbacks.effective_batch_size import EffectiveBatchSize
 from project.callbacks.prediction_writer import PredictionWriter
 from project.callbacks.preemption import StopAndRequeue, StopTogether
@@ -35,8 +34,6 @@ OPTIONAL = {
     "MaxBatchSizeFinder": "project.callbacks.tuning.batch_size_finder",
     "LRFinder": "project.callbacks.tuning.lr_finder",
     "PatchWhiteningInit": "project.callbacks.whitening",
-    "ProgressivePruning": "project.compression.pruning",
-    "QuantizationAwareTraining": "project.compression.qat",
 }
 
 
@@ -66,5 +63,4 @@ __all__ = [
     "PredictionWriter",
     "StopAndRequeue",
     "StopTogether",
-    "WandbDashboard",
 ]

@@ -36,11 +36,47 @@ from project.export.report import (
     speed,
     write_report,
 )
-from project.export.runtimes import OnnxRuntime, Runtime, TorchRuntime, find_qat_artifact, load_int8_runtime
+from project.export.runtimes import OnnxRuntime, Runtime, TorchRuntime
 from project.export.trained import load_trained
 
+#: `model_int8.pt2` is the default name used by `project.compression.qat.QuantizationAwareTraining`.
+QAT_PATTERNS = ("*qat*.pt2", "*qat*.onnx", "*int8*.pt2")
 DYNAMIC_FILE, STATIC_FILE = "model.int8-dynamic.onnx", "model.int8-static.onnx"
 PT2E_FILE = "model.int8-pt2e.pt2"
+
+
+def find_qat_artifact(ckpt_path: str | Path) -> Path | None:
+    """The newest QAT INT8 artifact in the checkpoint's folder, or None."""
+    folder = Path(ckpt_path).parent
+    found = {p for pattern in QAT_PATTERNS for p in folder.glob(pattern) if p.is_file()}
+    return max(found, key=lambda p: p.stat().st_mtime) if found else None
+
+
+def load_int8_runtime(
+    path: str | Path, input_shape: tuple[int, ...], threads: int | None = None, compile: bool = True
+) -> tuple[Runtime, str]:
+    """(runtime, how it runs) for a `.onnx` (ONNX Runtime) or `.pt2` INT8 model.
+
+    A PT2E INT8 program runs its quantize/dequantize pairs around float kernels unless `torch.compile`
+    with freezing lowers them to INT8 kernels: `compile` measures that deployed form.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"INT8 model {path} does not exist")
+    if path.suffix == ".onnx":
+        return OnnxRuntime(path, threads), "ONNX Runtime"
+    if path.suffix == ".pt2":
+        from project.compression.int8_program import compiled_or_eager, load_int8
+
+        module, _ = load_int8(path)
+        if not compile:
+            return TorchRuntime(module, set_eval=False), "torch.export program, uncompiled"
+        module, failure = compiled_or_eager(module, input_shape)
+        how = (
+            "torch.compile (freezing)" if failure is None else f"uncompiled: torch.compile failed ({failure})"
+        )
+        return TorchRuntime(module, set_eval=False), how
+    raise UserError(f"INT8 model {path}: expected a .pt2 (torch.export) or .onnx file")
 
 
 def _network_inputs(batches, pre: Preprocessing) -> Iterator[tuple[np.ndarray, np.ndarray]]:

@@ -3,8 +3,7 @@ an export's probabilities: `project.export.decoding` reads them).
 
 The quantization report, `predict_onnx` and `serve` compare or swap eager PyTorch, ONNX Runtime, AOTInductor
 packages and INT8 models; wrapping each in a `Runtime` keeps those comparisons to one loop. INT8 `torch.export`
-programs (the QAT callback's `model_int8.pt2`, or `quantize --pt2e_static true`'s) run here under the same
-convention.
+programs (`quantize`'s) run under the same convention, in the module that makes them.
 """
 
 from collections.abc import Callable
@@ -22,8 +21,6 @@ if TYPE_CHECKING:
     import onnxruntime as ort
 
 INPUT_NAME, OUTPUT_NAME = "input", "logits"
-#: `model_int8.pt2` is the default name used by `project.compression.qat.QuantizationAwareTraining`.
-QAT_PATTERNS = ("*qat*.pt2", "*qat*.onnx", "*int8*.pt2")
 
 
 def ort_session(path: str | Path, threads: int | None = None) -> "ort.InferenceSession":
@@ -78,40 +75,6 @@ class OnnxRuntime:
         # The model's one output, by position: `logits`, or `probabilities` for a multi-label export.
         outputs = self.session.run(None, {INPUT_NAME: np.ascontiguousarray(x, dtype=np.float32)})
         return cast(np.ndarray, outputs[0])  # a dense tensor, not a sparse one, list or map
-
-
-def find_qat_artifact(ckpt_path: str | Path) -> Path | None:
-    """The newest QAT INT8 artifact in the checkpoint's folder, or None."""
-    folder = Path(ckpt_path).parent
-    found = {p for pattern in QAT_PATTERNS for p in folder.glob(pattern) if p.is_file()}
-    return max(found, key=lambda p: p.stat().st_mtime) if found else None
-
-
-def load_int8_runtime(
-    path: str | Path, input_shape: tuple[int, ...], threads: int | None = None, compile: bool = True
-) -> tuple[Runtime, str]:
-    """(runtime, how it runs) for a `.onnx` (ONNX Runtime) or `.pt2` INT8 model.
-
-    A PT2E INT8 program runs its quantize/dequantize pairs around float kernels unless `torch.compile`
-    with freezing lowers them to INT8 kernels: `compile` measures that deployed form.
-    """
-    path = Path(path)
-    if not path.is_file():
-        raise UserError(f"INT8 model {path} does not exist")
-    if path.suffix == ".onnx":
-        return OnnxRuntime(path, threads), "ONNX Runtime"
-    if path.suffix == ".pt2":
-        from project.compression.int8_program import compiled_or_eager, load_int8
-
-        module, _ = load_int8(path)
-        if not compile:
-            return TorchRuntime(module, set_eval=False), "torch.export program, uncompiled"
-        module, failure = compiled_or_eager(module, input_shape)
-        how = (
-            "torch.compile (freezing)" if failure is None else f"uncompiled: torch.compile failed ({failure})"
-        )
-        return TorchRuntime(module, set_eval=False), how
-    raise UserError(f"INT8 model {path}: expected a .pt2 (torch.export) or .onnx file")
 
 
 @dataclass

@@ -14,7 +14,6 @@ from project.models.cifar_resnet import CIFARResNet
 from project.models.init import init_weights
 from project.models.mlp import MLP
 from project.models.simple_cnn import SimpleCNN
-from project.models.timm_net import TimmNet
 from project.models.torchvision_net import TorchvisionNet
 
-__all__ = ["AirbenchNet", "CIFARResNet", "MLP", "SimpleCNN", "TimmNet", "TorchvisionNet", "init_weights"]
+__all__ = ["AirbenchNet", "CIFARResNet", "MLP", "SimpleCNN", "TorchvisionNet", "init_weights"]
