@@ -1,20 +1,17 @@
 """`python -m project serve`: a real server on a free loopback port, real and bad uploads, clean stop."""
 
-import contextlib
 import io
 import json
 import logging
 import os
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import httpx
 import numpy as np
 import pytest
 import torch
@@ -26,7 +23,8 @@ from project.export.trained import load_trained
 from project.serve.api import ClassifierAPI, Rejected
 from project.serve.server import serve
 from tests import docs_pages
-from tests.conftest import PACKAGE, ROOT
+from tests.conftest import ROOT
+from tests.deploy_helpers import serving
 from tests.fakes import class_images
 
 pytest_plugins = ["tests.deploy_fixtures"]  # fixtures: trained_run, exported
@@ -41,12 +39,6 @@ def _png(label: int, size: tuple[int, int] = (45, 60), seed: int = 0) -> bytes:
     return buffer.getvalue()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _eager_class(ckpt: Path, image: bytes) -> int:
     trained = load_trained(ckpt)
     x = trained.preprocessing.normalize(trained.preprocessing.decode(image)[None])
@@ -57,60 +49,9 @@ def _eager_class(ckpt: Path, image: bytes) -> int:
 @pytest.fixture
 def server(trained_run, tmp_path):
     """`python -m project serve` from the checkpoint, batching on; always stopped, with its workers."""
-    port = _free_port()
-    log = open(tmp_path / "server.log", "w+")  # noqa: SIM115 - closed below
-    args = [
-        "--ckpt_path",
-        trained_run.ckpt,
-        "--port",
-        port,
-        "--max_batch_size",
-        "8",
-        "--batch_timeout",
-        "0.05",
-    ]
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            PACKAGE,
-            "serve",
-            *map(str, args),
-            "--max_upload_mb",
-            "0.5",
-            "--threads",
-            "1",
-        ],
-        cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,  # its own process group: the HTTP and inference workers can be found
-    )
-    client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60)
-    try:
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:
-            assert proc.poll() is None, (tmp_path / "server.log").read_text()
-            try:
-                if client.get("/health").status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(0.5)
-        else:
-            raise AssertionError("server not ready in 300 s:\n" + (tmp_path / "server.log").read_text())
-        yield client, proc, tmp_path / "server.log"
-    finally:
-        client.close()
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=60)
-        with contextlib.suppress(ProcessLookupError):  # whatever is left of its group (nothing, normally)
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=10)
-        log.close()
+    args = ["--ckpt_path", trained_run.ckpt, "--max_batch_size", "8", "--batch_timeout", "0.05"]
+    with serving([*args, "--max_upload_mb", "0.5", "--threads", "1"], tmp_path) as running:
+        yield running
 
 
 def _group_alive(pgid: int) -> bool:
@@ -202,9 +143,53 @@ def test_api_from_onnx_in_process(exported, trained_run):
     assert single["probability"] == pytest.approx(answers[0]["probability"], rel=1e-5)
 
 
+def test_api_from_an_aoti_package_in_process_answers_as_eager(exported_aoti, trained_run):
+    api = ClassifierAPI(aoti_path=str(exported_aoti), max_batch_size=4, top_k=3)
+    api.setup("cpu")
+    images = [_png(label=i, seed=i) for i in (2, 5, 8)]
+    answers = [
+        api.encode_response(o) for o in api.predict(api.batch([api.decode_request(b) for b in images]))
+    ]
+    trained = load_trained(trained_run.ckpt)
+    for image, answer in zip(images, answers, strict=True):
+        x = trained.preprocessing.normalize(trained.preprocessing.decode(image)[None])
+        with torch.no_grad():
+            probs = trained.net(x).softmax(1)[0]
+        assert answer["class_index"] == int(probs.argmax())
+        assert answer["probability"] == pytest.approx(float(probs.max()), abs=1e-5)
+        top = probs.argsort(descending=True)[:3].tolist()
+        assert [c["class_name"] for c in answer["top_k"]] == [
+            trained.preprocessing.class_names[i] for i in top
+        ]
+
+
+def test_the_page_replaces_litserves_root_answer(exported):
+    import litserve as ls
+    from fastapi.testclient import TestClient
+
+    from project.serve.server import PAGE, add_page
+
+    server = ls.LitServer(ClassifierAPI(onnx_path=str(exported)), accelerator="cpu")
+    client = TestClient(server.app)
+    assert client.get("/").text == "litserve running"  # LitServe's own
+    add_page(server.app)
+    page = client.get("/")
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    assert '<input id="files" type="file" accept="image/*" multiple' in page.text
+    assert page.text == PAGE.read_text()
+    assert client.get("/info").json()["server"]["devices"] == ["cpu"]  # LitServe's other routes stay
+
+
 def test_serve_argument_errors(trained_run, exported, tmp_path):
     with pytest.raises(UserError, match="exactly one of --ckpt_path"):
         serve(ckpt_path=str(trained_run.ckpt), onnx=str(exported))
+    with pytest.raises(UserError, match=r"exactly one of --ckpt_path .*--onnx .*--aoti"):
+        serve(onnx=str(exported), aoti=str(exported))
+    not_a_package = tmp_path / "model.pt2"  # a .pt2 that holds no compiled model
+    not_a_package.write_bytes(b"PK\x05\x06" + b"\0" * 18)  # an empty zip
+    not_a_package.with_name("model.json").write_bytes(exported.with_name("model.json").read_bytes())
+    with pytest.raises(UserError, match=r"model\.pt2 is not an AOTInductor package .*export --format aoti"):
+        serve(aoti=str(not_a_package))
     with pytest.raises(UserError, match="--batch_timeout < --timeout"):
         serve(onnx=str(exported), batch_timeout=5, timeout=1)
     lonely = tmp_path / "lonely.onnx"
