@@ -24,7 +24,7 @@ from project.export.preprocessing import Preprocessing, read_metadata
 from project.export.trained import TrainedModel, load_trained
 from project.models import MLP
 from project.run.checkpoints import load_checkpoint
-from tests.conftest import PACKAGE, run_cli, subprocess_env
+from tests.conftest import PACKAGE, ROOT, run_cli, subprocess_env
 
 pytest_plugins = ["tests.deploy_fixtures"]  # fixtures: trained_run, exported, exported_aoti
 
@@ -257,3 +257,27 @@ def test_ctrl_c_while_the_package_compiles_leaves_nothing_and_says_so(trained_ru
     assert proc.returncode == 128 + signal.SIGINT, err[-3000:]
     assert err.strip().splitlines()[-1] == f"error: stopped by Ctrl-C; nothing was written to {out}"
     assert "Traceback" not in err and not out.exists()
+
+
+@pytest.mark.slow
+def test_the_deployment_benchmark_runs_on_a_tiny_setting():
+    """benchmarks/deploy_latency.py end to end on the SimpleCNN alone, a few repeats (a check that it runs and
+    reports every variant, not a measurement): one line per variant, one for the package, then the ratio."""
+    args = ["--networks", "simplecnn", "--repeats", "2", "--warmup", "1", "--batch_size", "4", "--loads", "2"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.deploy_latency", *args, "--threads", "1"],
+        cwd=ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=1800,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.strip().splitlines()
+    header, *rows, package = map(json.loads, lines[:-1])
+    assert header["benchmark"] == "deploy_latency" and header["batch_size"] == 4
+    assert [r["variant"] for r in rows] == ["eager", "torch.compile", "onnxruntime", "aoti"]
+    assert all(r["network"] == "simplecnn" and r["latency_ms"] > 0 and r["throughput"] > 0 for r in rows)
+    assert package["network"] == "simplecnn" and package["input"] == [3, 32, 32]
+    assert package["package_mb"] > 0 and package["load_ms"] > 0 and package["compile_s"] > 0
+    throughput = {r["variant"]: r["throughput"] for r in rows}
+    assert lines[-1].startswith("ratio: ")  # of the rounded figures above, to the rounding
+    assert float(lines[-1].split()[1]) == pytest.approx(
+        throughput["aoti"] / throughput["onnxruntime"], abs=0.02
+    )
