@@ -37,7 +37,7 @@ TOOLS_SOURCE = "-r build/tools.in"
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument(
         "--template", type=Path, required=True, help="the template's folder (copier's src_path)"
     )
