@@ -127,9 +127,9 @@ def test_empty_class_folder_and_broken_files_are_named(tmp_path, cache):
         save_images(root / c, 4, (40, 30))
     (root / "empty").mkdir()
     with pytest.raises(UserError, match=r"class folder .*empty contains no images"):
-        ImageFolderDataModule(
+        _ = ImageFolderDataModule(
             str(root), image_size=32, cache=cache, cache_dir=str(tmp_path / "cache")
-        ).class_names  # noqa: B018
+        ).class_names
     (root / "empty").rmdir()
     good = (root / "a" / "0.png").read_bytes()
     buffer = io.BytesIO()

@@ -29,5 +29,3 @@ def test_callback_config_stacks(config, capsys, monkeypatch):
     ]
     got = [c["class_path"].rsplit(".", 1)[-1] for c in resolved["trainer"]["callbacks"] or []]
     assert got == wanted
-
-

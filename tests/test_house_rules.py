@@ -46,9 +46,7 @@ SOURCES = sorted([*(ROOT / PACKAGE).rglob("*.py"), *(ROOT / "configs").rglob("*.
 
 def test_the_rule_sees_a_quoted_figure(tmp_path):
     sample = tmp_path / "sample.py"
-    sample.write_text(
-        '"""Fast: see the benchmarks, section 4."""\n\nx = 1  # numpy is ~20x faster here\n'
-    )
+    sample.write_text('"""Fast: see the benchmarks, section 4."""\n\nx = 1  # numpy is ~20x faster here\n')
     assert [n for n, text in comments_and_docstrings(sample) if QUOTED_FIGURE.search(text)] == [1, 3]
 
 
@@ -59,9 +57,7 @@ def test_comments_quote_no_figure_or_benchmarks_section(path):
         for n, text in comments_and_docstrings(path)
         if QUOTED_FIGURE.search(text)
     ]
-    assert quoted == [], (
-        f"{path.relative_to(ROOT)}: leave the figure to the benchmarks and say why instead"
-    )
+    assert quoted == [], f"{path.relative_to(ROOT)}: leave the figure to the benchmarks and say why instead"
 
 
 #: Run in a fresh interpreter from an empty folder: the libraries the package imports are imported first (their
