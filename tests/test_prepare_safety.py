@@ -287,10 +287,14 @@ def test_a_full_disk_in_a_worker_process_is_one_line_and_leaves_nothing(
 
     monkeypatch.setattr(prepare_module, "encode_sample", no_space_left)
     out = tmp_path / "prepared"
+    # Only the processes prepare starts: earlier tests in this pytest process may have left their own (a
+    # compile worker pool, a W&B service) running.
+    before = {p.pid for p in psutil.Process().children()}
     err = one_line_error(prepare_args(images, out, "--num_workers", "2"), capsys)
     assert err == FULL.format(out=out, at=" (/data/chunk-0-0.bin)")
     assert not out.exists() and hidden_leftovers(tmp_path) == []
-    workers = [p for p in psutil.Process().children() if "resource_tracker" not in " ".join(p.cmdline())]
+    started = [p for p in psutil.Process().children() if p.pid not in before]
+    workers = [p for p in started if "resource_tracker" not in " ".join(p.cmdline())]
     assert [p for p in workers if p.status() != psutil.STATUS_ZOMBIE] == []
 
 
