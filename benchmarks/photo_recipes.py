@@ -38,10 +38,17 @@ FOLDER = ["--config", "configs/folder.yaml"]
 PARTS = {
     "folder": [],
     "photos": ["--config", "configs/experiment/photos.yaml"],
-    "+crops": ["--data.cache_size", "96", "--data.crop_scale", "[0.25, 1.0]"],
-    "+trivial": ["--data.trivial_augment", "true"],
-    "+erasing": ["--data.random_erasing", "0.25"],
-    "+mix": ["--data.mixup_alpha", "0.2", "--data.cutmix_alpha", "1.0", "--data.mix_prob", "0.5"],
+    "+crops": ["--data.cache_size", "96", "--data.augment.crop_scale", "[0.25, 1.0]"],
+    "+trivial": ["--data.augment.trivial_augment", "true"],
+    "+erasing": ["--data.augment.random_erasing", "0.25"],
+    "+mix": [
+        "--data.augment.mixup_alpha",
+        "0.2",
+        "--data.augment.cutmix_alpha",
+        "1.0",
+        "--data.augment.mix_prob",
+        "0.5",
+    ],
     "+ema": ["--config", "configs/callbacks/ema.yaml"],
     "+batch64": ["--data.batch_size", "64"],
 }

@@ -13,7 +13,7 @@ folder named `test` (at any depth) make the test split, every other photo the tr
     git clone https://github.com/alexeygrigorev/clothing-dataset-small /tmp/clothing
     python -m benchmarks.rotation_regression --src /tmp/clothing --dst /tmp/rotation
     python -m project fit --config configs/csv_regression.yaml --data.csv /tmp/rotation/train.csv \\
-        --data.test_csv /tmp/rotation/test.csv --data.flip false
+        --data.test_csv /tmp/rotation/test.csv --data.augment.flip false
 """
 
 import argparse

@@ -15,7 +15,7 @@ for seed in $(seq 1 "$SEEDS"); do
   start=$(date +%s.%N)
   python -m project fit --config configs/experiment/cifar10_speedrun.yaml \
     --data ImageFolderDataModule --data.root /tmp/speedrun-data/cifar10/train --data.image_size 32 \
-    --data.val_fraction 0.2 --data.batch_size 1024 --data.crop_padding 2 --data.on_device true \
+    --data.val_fraction 0.2 --data.batch_size 1024 --data.augment.crop_padding 2 --data.on_device true \
     --data.cache_dir /tmp/speedrun-data/cache --seed_everything "$seed" \
     --trainer.logger false --trainer.enable_progress_bar false --trainer.default_root_dir "$OUT/seed$seed" \
     > "$OUT/seed$seed.log" 2>&1

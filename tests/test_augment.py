@@ -1,7 +1,14 @@
 import torch
 
 from project.data import CIFARDataModule
-from project.data.augment import alternating_flip, cutout, normalize, random_crop, random_flip
+from project.data.augment import (
+    BatchAugmentation,
+    alternating_flip,
+    cutout,
+    normalize,
+    random_crop,
+    random_flip,
+)
 
 
 def coordinate_images(n: int, size: int = 8) -> torch.Tensor:
@@ -95,7 +102,7 @@ def test_normalize_matches_torchvision():
 
 
 def test_eval_batches_are_not_augmented():
-    dm = CIFARDataModule(val_size=100, cutout=8)
+    dm = CIFARDataModule(val_size=100, augment=BatchAugmentation(cutout=8))
     x = torch.randint(0, 256, (32, 3, 32, 32), dtype=torch.uint8)
     y = torch.arange(32)
     ev1, _ = dm.transform_batch((x, y), train=False)

@@ -89,7 +89,7 @@ def test_overfit_runs_a_few_steps_without_augmentation(fake_cifar, tmp_path):
     cli = run("overfit.yaml", fake_cifar, tmp_path, *SHORT)
     assert cli.trainer.overfit_batches == 4 and cli.trainer.global_step == 4
     data = cli.datamodule
-    assert (data.crop_padding, data.flip, data.cutout) == (0, False, 0)
+    assert (data.augment.crop_padding, data.augment.flip, data.augment.cutout) == (0, False, 0)
     assert cli.model.hparams.label_smoothing == 0.0
     assert all(group["weight_decay"] == 0.0 for group in cli.trainer.optimizers[0].param_groups)
 

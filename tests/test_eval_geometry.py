@@ -1,5 +1,5 @@
 """A model trained on crops of a larger decoded square (the photos recipe: `data.cache_size` above the input,
-`data.eval_crop` below 1) is deployed as it was evaluated: `export`'s JSON, `serve`'s decode, `predict_onnx`
+`data.augment.eval_crop` below 1) is deployed as it was evaluated: `export`'s JSON, `serve`'s decode, `predict_onnx`
 and `quantize` cut the same central crop from the same decoded square that `test` did."""
 
 import json
@@ -10,12 +10,20 @@ import torch
 
 from project.cli import main
 from project.data import ImageFolderDataModule
+from project.data.augment import BatchAugmentation
 from project.data.images import decode_image, list_images
 from project.export.model_export import export
 from project.export.trained import load_trained
 from tests.folder_fits import tiny_fit_args, tiny_folder
 
-GEOMETRY = ["--data.cache_size", "24", "--data.crop_scale", "[0.5, 1.0]", "--data.eval_crop", "0.75"]
+GEOMETRY = [
+    "--data.cache_size",
+    "24",
+    "--data.augment.crop_scale",
+    "[0.5, 1.0]",
+    "--data.augment.eval_crop",
+    "0.75",
+]
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +51,11 @@ def test_the_checkpoint_says_how_evaluation_cut_its_images(cropped_run, tmp_path
 
     # One photo, decoded as a server decodes an upload, is the network input `test` gave it.
     dm = ImageFolderDataModule(
-        str(data), image_size=16, cache_size=24, eval_crop=0.75, cache_dir=str(root / "c")
+        str(data),
+        image_size=16,
+        cache_size=24,
+        augment=BatchAugmentation(eval_crop=0.75),
+        cache_dir=str(root / "c"),
     )
     dm.mean, dm.std = pre.mean, pre.std
     file = list_images(data / "test")[0]

@@ -11,7 +11,13 @@ import torch.nn.functional as F
 
 from project.cli import main
 from project.data import ImageFolderDataModule
-from project.data.augment import mix_batch, random_erasing, random_resized_crop, sample_boxes
+from project.data.augment import (
+    BatchAugmentation,
+    mix_batch,
+    random_erasing,
+    random_resized_crop,
+    sample_boxes,
+)
 from project.data.targets import Classes, Tags
 from project.errors import UserError
 from project.models import SimpleCNN
@@ -20,9 +26,12 @@ from tests.conftest import CONFIGS
 from tests.test_exact_resume import assert_same_weights, folder_args, last_weights, stop_and_resume
 
 
-def folder_dm(root: Path, tmp_path: Path, **kwargs) -> ImageFolderDataModule:
+def folder_dm(
+    root: Path, tmp_path: Path, augment: BatchAugmentation | None = None, **kwargs
+) -> ImageFolderDataModule:
     settings = dict(image_size=8, cache_dir=str(tmp_path / "cache"), num_workers=0, batch_size=8)
-    return ImageFolderDataModule(root=str(root), skip_corrupt=True, **(settings | kwargs))  # pyright: ignore[reportArgumentType]
+    augment = augment or BatchAugmentation()
+    return ImageFolderDataModule(root=str(root), skip_corrupt=True, augment=augment, **(settings | kwargs))  # pyright: ignore[reportArgumentType]
 
 
 # -- MixUp / CutMix ----------------------------------------------------------------------------------------------
@@ -86,7 +95,8 @@ def test_the_loss_takes_soft_targets_and_training_accuracy_the_images_own_labels
 
 
 def test_only_training_batches_are_mixed_and_erased(image_folder, tmp_path):
-    dm = folder_dm(image_folder, tmp_path, mixup_alpha=0.4, cutmix_alpha=1.0, random_erasing=1.0)
+    augment = BatchAugmentation(mixup_alpha=0.4, cutmix_alpha=1.0, random_erasing=1.0)
+    dm = folder_dm(image_folder, tmp_path, augment)
     dm.setup("fit")
     x, y = torch.randint(0, 256, (8, 3, 8, 8), dtype=torch.uint8), torch.arange(8) % 3
     plain = folder_dm(image_folder, tmp_path)
@@ -103,10 +113,10 @@ def test_only_training_batches_are_mixed_and_erased(image_folder, tmp_path):
 
 
 def test_bad_settings_name_the_key(image_folder, tmp_path):
-    with pytest.raises(UserError, match="data.mix_prob"):
-        folder_dm(image_folder, tmp_path, mix_prob=1.5)
-    with pytest.raises(UserError, match="data.crop_scale"):
-        folder_dm(image_folder, tmp_path, crop_scale=(0.5, 0.2))
+    with pytest.raises(UserError, match="data.augment.mix_prob"):
+        BatchAugmentation(mix_prob=1.5)
+    with pytest.raises(UserError, match="data.augment.crop_scale"):
+        BatchAugmentation(crop_scale=(0.5, 0.2))
     with pytest.raises(UserError, match="data.cache_size"):
         folder_dm(image_folder, tmp_path, cache_size=4)
 
@@ -166,7 +176,11 @@ def test_a_whole_image_box_is_the_area_average_of_its_pixels():
 @pytest.mark.parametrize("cache", [True, False])
 def test_a_larger_source_is_cropped_for_training_and_resized_for_evaluation(image_folder, tmp_path, cache):
     dm = folder_dm(
-        image_folder, tmp_path, cache=cache, cache_size=12, crop_scale=(0.3, 1.0), trivial_augment=True
+        image_folder,
+        tmp_path,
+        BatchAugmentation(crop_scale=(0.3, 1.0), trivial_augment=True),
+        cache=cache,
+        cache_size=12,
     )
     dm.setup("fit")
     x, y = next(iter(dm.train_dataloader()))[:2]
@@ -184,27 +198,27 @@ def test_a_larger_source_is_cropped_for_training_and_resized_for_evaluation(imag
 
 
 def test_trivial_augment_of_cached_images_repeats_under_the_seed(image_folder, tmp_path):
-    dm = folder_dm(image_folder, tmp_path, trivial_augment=True)
+    dm = folder_dm(image_folder, tmp_path, BatchAugmentation(trivial_augment=True))
     dm.setup("fit")
     batches = [next(iter(dm.train_dataloader()))[0] for _ in range(2)]
     assert torch.equal(*batches)
-    dm.trivial_augment = False
+    dm.augment = BatchAugmentation()
     dm.train_set = None
     dm.setup("fit")
     assert not torch.equal(batches[0], next(iter(dm.train_dataloader()))[0])  # the same images, augmented
 
 
 def test_a_larger_cached_source_with_every_part_trains_through_the_cli(image_folder, tmp_path):
-    recipe = ["--data.cache_size", "24", "--data.crop_scale", "[0.25, 1.0]", "--data.mixup_alpha", "0.2",
-              "--data.cutmix_alpha", "1.0", "--data.random_erasing", "0.25", "--data.trivial_augment", "true",
+    recipe = ["--data.cache_size", "24", "--data.augment.crop_scale", "[0.25, 1.0]", "--data.augment.mixup_alpha", "0.2",
+              "--data.augment.cutmix_alpha", "1.0", "--data.augment.random_erasing", "0.25", "--data.augment.trivial_augment", "true",
               "--model.label_smoothing", "0.1", "--trainer.fast_dev_run", "true"]  # fmt: skip
     main([*folder_args(image_folder, tmp_path, stop=-1), *recipe])
 
 
 @pytest.mark.slow
 def test_a_mixed_run_stopped_mid_epoch_resumes_bit_identical(image_folder, tmp_path):
-    recipe = ["--data.mixup_alpha", "0.2", "--data.cutmix_alpha", "1.0", "--data.random_erasing", "0.5",
-              "--data.cache_size", "20", "--data.crop_scale", "[0.25, 1.0]", "--trainer.max_epochs", "2"]  # fmt: skip
+    recipe = ["--data.augment.mixup_alpha", "0.2", "--data.augment.cutmix_alpha", "1.0", "--data.augment.random_erasing", "0.5",
+              "--data.cache_size", "20", "--data.augment.crop_scale", "[0.25, 1.0]", "--trainer.max_epochs", "2"]  # fmt: skip
     stop_and_resume([*folder_args(image_folder, tmp_path / "stopped"), *recipe])
     main([*folder_args(image_folder, tmp_path / "whole", stop=-1), *recipe])
     assert_same_weights(last_weights(tmp_path / "stopped"), last_weights(tmp_path / "whole"))
@@ -224,14 +238,28 @@ def test_the_photos_preset_trains(image_folder, tmp_path):
 
 
 def test_evaluation_keeps_the_central_share_of_each_side_before_resizing():
-    from project.data.augment import BatchAugmentMixin, resize
+    from project.data.augment import resize
 
     x = torch.arange(2 * 3 * 8 * 8, dtype=torch.float32).reshape(2, 3, 8, 8)
-    whole = BatchAugmentMixin().augment_images(x, None, train=False, epoch=0, size=(4, 4), seed=0)
-    center = BatchAugmentMixin(eval_crop=0.5).augment_images(
-        x, None, train=False, epoch=0, size=(4, 4), seed=0
-    )
+    whole = BatchAugmentation().images(x, None, train=False, epoch=0, size=(4, 4), seed=0)
+    center = BatchAugmentation(eval_crop=0.5).images(x, None, train=False, epoch=0, size=(4, 4), seed=0)
     assert torch.equal(whole, resize(x, (4, 4)))
     assert torch.equal(center, x[..., 2:6, 2:6])  # the central half of each side, already at the input size
-    with pytest.raises(UserError, match=r"data.eval_crop=0.0 is out of range"):
-        BatchAugmentMixin(eval_crop=0.0)
+    with pytest.raises(UserError, match=r"data.augment.eval_crop=0.0 is out of range"):
+        BatchAugmentation(eval_crop=0.0)
+
+
+@pytest.mark.parametrize("where", ["flag", "config"])
+def test_an_augmentation_setting_under_its_old_key_is_one_line_naming_the_new_one(
+    image_folder, tmp_path, capsys, where
+):
+    from tests.test_data import cli_error
+
+    old = tmp_path / "old.yaml"
+    old.write_text("data:\n  init_args:\n    crop_scale: [0.5, 1.0]\n")
+    setting = ["--data.mixup_alpha", "0.2"] if where == "flag" else ["--config", old]
+    message = cli_error(
+        ["fit", "--config", CONFIGS / "folder.yaml", "--data.root", image_folder, *setting], capsys
+    )
+    key = "mixup_alpha" if where == "flag" else "crop_scale"
+    assert f"data.{key} is now data.augment.{key}" in message and f"--data.augment.{key}" in message

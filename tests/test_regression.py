@@ -42,7 +42,8 @@ def fit_args(data: Path, root: Path, *extra: object) -> list[str]:
     args = [
         "--config", CONFIGS / "csv_regression.yaml", "--data.csv", data / "values.csv",
         "--data.cache_dir", root / "cache", "--data.image_size", "8", "--data.batch_size", "8",
-        "--data.num_workers", "0", "--data.val_fraction", "0.25", "--data.flip", "false", "--data.crop_padding", "0",
+        "--data.num_workers", "0", "--data.val_fraction", "0.25",
+        "--data.augment.flip", "false", "--data.augment.crop_padding", "0",
         "--model.net", "project.models.MLP", "--model.net.init_args.hidden", "16", "--model.scheduler", "null",
         "--model.optimizer.init_args.lr", "0.01", "--trainer.accelerator", "cpu", "--trainer.precision", "32-true",
         "--trainer.default_root_dir", root / "logs", "--trainer.enable_progress_bar", "false",

@@ -23,7 +23,7 @@ def args(data: Path, root: Path, epochs: int, *extra: str) -> list:
         "--model.scheduler", "torch.optim.lr_scheduler.StepLR", "--model.scheduler.init_args.step_size", "1",
         "--model.scheduler.init_args.gamma", "0.5",
         "--data.data_dir", data, "--data.download", "false", "--data.val_size", "100", "--data.batch_size", "50",
-        "--data.num_workers", "2", "--data.trivial_augment", "true", "--data.persistent_workers", "false",
+        "--data.num_workers", "2", "--data.augment.trivial_augment", "true", "--data.persistent_workers", "false",
         "--trainer.precision", "32-true", "--trainer.deterministic", "true", "--trainer.max_epochs", epochs,
         "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false",
         "--trainer.default_root_dir", root, *extra,

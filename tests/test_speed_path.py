@@ -1,5 +1,7 @@
 """The speed features: device-resident data, speed switches, the speed-run recipe (a few CPU batches)."""
 
+import dataclasses
+
 import numpy as np
 import torch
 
@@ -137,7 +139,7 @@ def test_on_device_dataset_follows_the_trainer(fake_cifar):
     x, y = next(iter(loader))
     assert x.device.type == "cpu" and x.shape == (16, 3, 32, 32)
     # Alternating flips need each image's row: batches carry it, and leave the transform without it.
-    dm.flip = "alternate"
+    dm.augment = dataclasses.replace(dm.augment, flip="alternate")
     batch = next(iter(dm.train_dataloader()))
     assert len(batch) == 3 and torch.equal(dm.train_set.targets[batch[2]], batch[1])
     x, y = dm.transform_batch(batch, train=True, epoch=1)

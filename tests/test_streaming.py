@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from project.cli import main
+from project.data.augment import BatchAugmentation
 from project.data.cifar import CIFARDataModule
 from project.data.streaming import METADATA, StreamingImageDataModule
 from project.errors import UserError
@@ -51,7 +52,7 @@ def prepared(tmp_path_factory) -> Path:
 def fit_args(input_dir: Path | str, root: Path, *extra: object) -> list[str]:
     args = [
         "fit", "--config", CONFIGS / "streaming.yaml", "--data.input_dir", input_dir,
-        "--data.image_size", "8", "--data.batch_size", "2", "--data.num_workers", "0", "--data.cutout", "2",
+        "--data.image_size", "8", "--data.batch_size", "2", "--data.num_workers", "0", "--data.augment.cutout", "2",
         "--model.net", "project.models.SimpleCNN", "--model.net.init_args.width", "4", "--model.scheduler", "null",
         "--trainer.precision", "32-true", "--trainer.logger", "false", "--trainer.enable_progress_bar", "false",
         "--trainer.enable_model_summary", "false", "--trainer.default_root_dir", root,
@@ -241,11 +242,11 @@ def test_two_ddp_processes_read_disjoint_shards_covering_the_data(prepared, tmp_
     plain = [
         "--data.batch_size",
         "1",
-        "--data.cutout",
+        "--data.augment.cutout",
         "0",
-        "--data.flip",
+        "--data.augment.flip",
         "false",
-        "--data.crop_padding",
+        "--data.augment.crop_padding",
         "0",
     ]
     plain += ["--trainer.max_epochs", "2", "--trainer.limit_val_batches", "1"]
@@ -340,15 +341,20 @@ def test_a_larger_decode_size_is_cropped_on_the_device_for_training_and_resized_
     prepared, tmp_path
 ):
     data = StreamingImageDataModule(
-        str(prepared), image_size=8, decode_size=16, crop_scale=(0.25, 1.0), batch_size=4, num_workers=0
+        str(prepared),
+        image_size=8,
+        decode_size=16,
+        augment=BatchAugmentation(crop_scale=(0.25, 1.0)),
+        batch_size=4,
+        num_workers=0,
     )
     data.setup("fit")
     images, _ = next(iter(data.train_dataloader()))
     assert images.shape == (4, 3, 16, 16)  # the workers decode at the source resolution
     for train in (True, False):
-        x = data.augment_images(images, None, train=train, epoch=0, size=(8, 8), seed=0)
+        x = data.augment.images(images, None, train=train, epoch=0, size=(8, 8), seed=0)
         assert x.shape == (4, 3, 8, 8)
-    main(fit_args(prepared, tmp_path, "--data.decode_size", "16", "--data.crop_scale", "[0.25, 1.0]",
+    main(fit_args(prepared, tmp_path, "--data.decode_size", "16", "--data.augment.crop_scale", "[0.25, 1.0]",
                   "--trainer.max_steps", "2", "--trainer.limit_val_batches", "1"))  # fmt: skip
     assert list(tmp_path.glob("runs/version_*/checkpoints/last.ckpt"))
     with pytest.raises(UserError, match="data.decode_size must be at least image_size=8, got 4"):
@@ -366,6 +372,30 @@ def test_a_split_smaller_than_processes_times_batch_size_is_one_line(prepared):
         data.setup("fit")
     data.trainer = SimpleNamespace(world_size=1, global_rank=0, accumulate_grad_batches=1)  # pyright: ignore[reportAttributeAccessIssue]
     data.setup("fit")  # one process takes every batch
+
+
+def test_streaming_fit_and_predict_say_only_what_applies(tmp_path):
+    pytest.importorskip("litdata", reason="streaming is an optional extra: pip install -e '.[streaming]'")
+    images = make_image_folder(tmp_path / "images", classes=2, per_class=6, extras=False)
+    prepared = tmp_path / "prepared"
+    main([str(a) for a in ["prepare", "--config", CONFIGS / "folder.yaml", "--data.root", images, "--data.cache_dir",
+                           tmp_path / "cache", "--output_dir", prepared, "--size", "16", "--num_workers", "1"]])  # fmt: skip
+    args = [
+        "--config", CONFIGS / "streaming.yaml", "--data.input_dir", prepared, "--data.image_size", "8",
+        "--data.batch_size", "2", "--data.num_workers", "2", "--model.net", "SimpleCNN",
+        "--model.net.init_args.width", "4", "--trainer.logger", "false", "--trainer.enable_progress_bar", "false",
+        "--trainer.default_root_dir", tmp_path / "logs",
+    ]  # fmt: skip
+    fit = run_cli("fit", *map(str, args), "--trainer.max_steps", "2", cwd=tmp_path)
+    (ckpt,) = (tmp_path / "logs").rglob("last.ckpt")
+    predict = run_cli("predict", *map(str, args), "--ckpt_path", str(ckpt), cwd=tmp_path)
+    for run in (fit, predict):  # litdata gives each worker its own chunks; predictions carry their index
+        assert "IterableDataset" not in run.stderr and "Couldn't infer the batch indices" not in run.stderr
+    said = [line for line in predict.stderr.splitlines() if "predict_split" in line]
+    assert len(said) == 1 and said[0].startswith(
+        "warning: no data.predict_split given: predicting the val split"
+    )
+    assert "named val/<place in the split>" in said[0]
 
 
 def _cut_short(folder: Path) -> None:
@@ -436,27 +466,3 @@ def test_a_target_outside_the_names_of_the_metadata_is_one_line_naming_the_image
             "edited, or belongs to another dataset; prepare the images again"
         )
     assert decode({**stored, "target": np.ones(3, dtype=np.uint8)})[1].tolist() == [1.0, 1.0, 1.0]
-
-
-def test_streaming_fit_and_predict_say_only_what_applies(tmp_path):
-    pytest.importorskip("litdata", reason="streaming is an optional extra: pip install -e '.[streaming]'")
-    images = make_image_folder(tmp_path / "images", classes=2, per_class=6, extras=False)
-    prepared = tmp_path / "prepared"
-    main([str(a) for a in ["prepare", "--config", CONFIGS / "folder.yaml", "--data.root", images, "--data.cache_dir",
-                           tmp_path / "cache", "--output_dir", prepared, "--size", "16", "--num_workers", "1"]])  # fmt: skip
-    args = [
-        "--config", CONFIGS / "streaming.yaml", "--data.input_dir", prepared, "--data.image_size", "8",
-        "--data.batch_size", "2", "--data.num_workers", "2", "--model.net", "SimpleCNN",
-        "--model.net.init_args.width", "4", "--trainer.logger", "false", "--trainer.enable_progress_bar", "false",
-        "--trainer.default_root_dir", tmp_path / "logs",
-    ]  # fmt: skip
-    fit = run_cli("fit", *map(str, args), "--trainer.max_steps", "2", cwd=tmp_path)
-    (ckpt,) = (tmp_path / "logs").rglob("last.ckpt")
-    predict = run_cli("predict", *map(str, args), "--ckpt_path", str(ckpt), cwd=tmp_path)
-    for run in (fit, predict):  # litdata gives each worker its own chunks; predictions carry their index
-        assert "IterableDataset" not in run.stderr and "Couldn't infer the batch indices" not in run.stderr
-    said = [line for line in predict.stderr.splitlines() if "predict_split" in line]
-    assert len(said) == 1 and said[0].startswith(
-        "warning: no data.predict_split given: predicting the val split"
-    )
-    assert "named val/<place in the split>" in said[0]

@@ -36,7 +36,7 @@ def fit_args(data_dir: Path, root: Path, *extra: object, net: str = "SimpleCNN")
         "fit", "--config", CONFIGS / "cifar10.yaml",
         "--model.net", net,
         "--data.data_dir", data_dir, "--data.download", "false", "--data.val_size", VAL_SIZE,
-        "--data.crop_padding", "0", "--data.flip", "false",
+        "--data.augment.crop_padding", "0", "--data.augment.flip", "false",
         "--trainer.default_root_dir", root,
         "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false",
         *extra,

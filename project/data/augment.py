@@ -1,4 +1,5 @@
-"""Batched image augmentation that runs on the batch's device (the GPU when there is one).
+"""Batched image augmentation that runs on the batch's device (the GPU when there is one), and the object that
+holds a recipe's augmentation settings (`BatchAugmentation`, a DataModule's `data.augment`).
 
 Per-sample torchvision transforms run in DataLoader workers on the CPU and are the bottleneck of small-image
 training. These functions draw independent random parameters per image, so one call on a whole uint8
@@ -6,7 +7,9 @@ batch has the same distribution as the per-sample RandomCrop(padding) + RandomHo
 """
 
 import math
-from typing import Any, Literal
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
 
 import torch
 from torch import Tensor
@@ -184,13 +187,19 @@ def mix_batch(
     return x, torch.lerp(soft.flip(0), soft, lam)
 
 
-class BatchAugmentMixin:
-    """The training augmentations of every image DataModule, on the device batches: the padded random crop and
-    the flip (on by default), and the regularisers of long recipes (Cutout, random erasing, MixUp/CutMix, the
-    random-resized crop; off by default). Evaluation sees each image whole, resized to the network's input.
+@dataclass(frozen=True)
+class BatchAugmentation:
+    """The training augmentation of image batches on their device, and how evaluation views an image: an object
+    a DataModule holds (`data.augment`), as timm's `Mixup` and torchvision's reference presets are.
+
+    Training batches get the padded random crop and the flip (on by default), and the regularisers of long
+    recipes (Cutout, random erasing, MixUp/CutMix, the random-resized crop, TrivialAugmentWide; off by default);
+    each image its own draws. Evaluation sees each image whole (or its central `eval_crop`), resized to the
+    network's input.
 
     Args:
-        crop_padding: Padding for the random crop (4 for 32x32 CIFAR); 0 disables the crop.
+        crop_padding: Padding for the random crop; 0 disables the crop. Default: an eighth of the input's side
+            (4 for 32x32 CIFAR).
         crop_padding_mode: What the padding holds: `constant` (zeros) or `reflect` (the image mirrored at its
             border, as airbench does: no black bars for the network to learn about).
         flip: Horizontal flips during training: `true`, a fresh coin per image and epoch; `alternate`, each
@@ -206,67 +215,75 @@ class BatchAugmentMixin:
             RandomErasing: 2-33 % of the image, aspect ratio 0.3-3.3); 0 disables it.
         crop_scale: A random-resized crop per training image instead of the padded crop: the box's share of the
             image's area is drawn from this range (torchvision's default is [0.08, 1.0]), then the box is resized
-            to the network's input, for the whole batch in one call. Most useful with a cached source larger
-            than the input (`cache_size`). None: off.
+            to the network's input, for the whole batch in one call. Most useful with images decoded larger
+            than the input (`data.cache_size`). None: off.
         crop_ratio: The range of the crop box's aspect ratio (width / height), drawn log-uniformly.
         eval_crop: The central share of each side that evaluation keeps before resizing to the input; 1.0 keeps
             the whole image. Random-resized crops enlarge objects in training; torchvision's references crop
             0.875 at test so that objects appear about as large as the network learned them.
+        trivial_augment: TrivialAugmentWide (Müller & Hutter, 2021) per training image, in the loader workers
+            (on the CPU, before the batch reaches the device).
     """
 
-    def __init__(
-        self,
-        *args: Any,
-        crop_padding: int = 4,
-        crop_padding_mode: Literal["constant", "reflect"] = "constant",
-        flip: bool | Literal["alternate"] = True,
-        cutout: int = 0,
-        mixup_alpha: float = 0.0,
-        cutmix_alpha: float = 0.0,
-        mix_prob: float = 1.0,
-        random_erasing: float = 0.0,
-        crop_scale: tuple[float, float] | None = None,
-        crop_ratio: tuple[float, float] = (3 / 4, 4 / 3),
-        eval_crop: float = 1.0,
-        **kwargs: Any,
-    ) -> None:
-        super().__init__(*args, **kwargs)
-        if crop_padding < 0 or cutout < 0:
+    crop_padding: int | None = None
+    crop_padding_mode: Literal["constant", "reflect"] = "constant"
+    flip: bool | Literal["alternate"] = True
+    cutout: int = 0
+    mixup_alpha: float = 0.0
+    cutmix_alpha: float = 0.0
+    mix_prob: float = 1.0
+    random_erasing: float = 0.0
+    crop_scale: tuple[float, float] | None = None
+    crop_ratio: tuple[float, float] = (3 / 4, 4 / 3)
+    eval_crop: float = 1.0
+    trivial_augment: bool = False
+
+    def __post_init__(self) -> None:
+        if (self.crop_padding or 0) < 0 or self.cutout < 0:
             raise UserError(
-                f"data.crop_padding and data.cutout must be >= 0, got {crop_padding} and {cutout}"
+                f"data.augment.crop_padding and data.augment.cutout must be >= 0, got {self.crop_padding} and "
+                f"{self.cutout}"
             )
-        alphas = {"mixup_alpha": mixup_alpha, "cutmix_alpha": cutmix_alpha}
-        probs = {"mix_prob": mix_prob, "random_erasing": random_erasing}
+        alphas = {"mixup_alpha": self.mixup_alpha, "cutmix_alpha": self.cutmix_alpha}
+        probs = {"mix_prob": self.mix_prob, "random_erasing": self.random_erasing}
         bad: dict[str, object] = {k: v for k, v in alphas.items() if v < 0}
         bad |= {k: v for k, v in probs.items() if not 0 <= v <= 1}
-        if not 0 < eval_crop <= 1:
-            bad["eval_crop"] = eval_crop
-        if crop_scale is not None and not 0 < crop_scale[0] <= crop_scale[1] <= 1:
-            bad["crop_scale"] = list(crop_scale)
-        if not 0 < crop_ratio[0] <= crop_ratio[1]:
-            bad["crop_ratio"] = list(crop_ratio)
+        if not 0 < self.eval_crop <= 1:
+            bad["eval_crop"] = self.eval_crop
+        if self.crop_scale is not None and not 0 < self.crop_scale[0] <= self.crop_scale[1] <= 1:
+            bad["crop_scale"] = list(self.crop_scale)
+        if not 0 < self.crop_ratio[0] <= self.crop_ratio[1]:
+            bad["crop_ratio"] = list(self.crop_ratio)
         if bad:
             key, value = next(iter(bad.items()))
             raise UserError(
-                f"data.{key}={value} is out of range: alphas are >= 0, probabilities in [0, 1], crop_scale "
-                "a range [low, high] within (0, 1], crop_ratio a range [low, high] above 0, eval_crop in (0, 1]"
+                f"data.augment.{key}={value} is out of range: alphas are >= 0, probabilities in [0, 1], "
+                "crop_scale a range [low, high] within (0, 1], crop_ratio a range [low, high] above 0, eval_crop "
+                "in (0, 1]"
             )
-        self.crop_padding = crop_padding
-        self.crop_padding_mode: Literal["constant", "reflect"] = crop_padding_mode
-        self.flip = flip
-        self.cutout = cutout
-        self.mixup_alpha, self.cutmix_alpha, self.mix_prob = mixup_alpha, cutmix_alpha, mix_prob
-        self.random_erasing = random_erasing
-        self.crop_scale = None if crop_scale is None else (float(crop_scale[0]), float(crop_scale[1]))
-        self.crop_ratio = (float(crop_ratio[0]), float(crop_ratio[1]))
-        self.eval_crop = eval_crop
+        # Ranges as tuples of floats, whichever sequence they were given as (a config's list).
+        if self.crop_scale is not None:
+            object.__setattr__(self, "crop_scale", (float(self.crop_scale[0]), float(self.crop_scale[1])))
+        object.__setattr__(self, "crop_ratio", (float(self.crop_ratio[0]), float(self.crop_ratio[1])))
 
     @property
     def mixes(self) -> bool:
         """Whether training batches are mixed (and so carry soft targets besides each image's own)."""
         return self.mix_prob > 0 and (self.mixup_alpha > 0 or self.cutmix_alpha > 0)
 
-    def augment_images(
+    def padding(self, size: tuple[int, int]) -> int:
+        """The random crop's padding for an input of `size`: `crop_padding`, else an eighth of its side."""
+        return size[0] // 8 if self.crop_padding is None else self.crop_padding
+
+    def sample_transform(self) -> Callable[[Tensor], Tensor] | None:
+        """The per-image transform of training images in the loader workers (TrivialAugmentWide), or None."""
+        if not self.trivial_augment:
+            return None
+        from torchvision.transforms import v2
+
+        return v2.TrivialAugmentWide()
+
+    def images(
         self, x: Tensor, rows: Tensor | None, train: bool, epoch: int, size: tuple[int, int], seed: int
     ) -> Tensor:
         """A batch at the network's input `size`, cropped and flipped if `train` (before normalising): with
@@ -278,14 +295,12 @@ class BatchAugmentMixin:
         if self.crop_scale is not None:
             x = random_resized_crop(x, size, self.crop_scale, self.crop_ratio)
         else:
-            x = resize(x, size)
-        if self.crop_scale is None:
-            x = random_crop(x, self.crop_padding, padding_mode=self.crop_padding_mode)
+            x = random_crop(resize(x, size), self.padding(size), padding_mode=self.crop_padding_mode)
         if self.flip == "alternate" and rows is not None:
             return alternating_flip(x, rows, epoch, seed)
         return random_flip(x) if self.flip else x
 
-    def augment_normalized(
+    def normalized(
         self, x: Tensor, y: Tensor, train: bool, kind: TargetKind
     ) -> tuple[Tensor, Tensor] | tuple[Tensor, Tensor, Tensor]:
         """Cutout, random erasing and MixUp/CutMix of a normalised training batch of targets of `kind`:

@@ -6,7 +6,6 @@ from typing import Any, Literal
 
 import torch
 from torchvision import datasets
-from torchvision.transforms import v2
 
 from project.data.datamodule import ImageDataModule
 from project.data.folds import KFoldMixin
@@ -58,7 +57,6 @@ class CIFARDataModule(KFoldMixin, ImageDataModule):
         data_dir: Where the dataset is (or is downloaded to).
         download: Download the dataset if it is not in `data_dir` (only in `prepare_data`, on one process).
         val_size: Training images held out for validation.
-        trivial_augment: Add TrivialAugmentWide (Müller & Hutter, 2021), per image in the loader workers.
         **kwargs: `num_folds` and `fold` (k-fold cross-validation over the training split, see `KFoldMixin`),
             and the loader and augmentation settings of `ImageDataModule` (batch_size, num_workers, ...).
     """
@@ -69,7 +67,6 @@ class CIFARDataModule(KFoldMixin, ImageDataModule):
         data_dir: str = "data",
         download: bool = True,
         val_size: int = 5000,
-        trivial_augment: bool = False,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -81,7 +78,6 @@ class CIFARDataModule(KFoldMixin, ImageDataModule):
         self.data_dir = Path(data_dir)
         self.download = download
         self.val_size = val_size
-        self.trivial_augment = trivial_augment
         self.dataset_cls, self.archive, self.mean, self.std = _DATASETS[name]
         self._classes: list[str] = list(_CLASSES[name])
 
@@ -147,7 +143,7 @@ class CIFARDataModule(KFoldMixin, ImageDataModule):
                 train_idx, val_idx = map(torch.tensor, self.fold_indices(targets.tolist()))
                 if not self._given_stats:  # (a pretrained network's own stats stay)
                     self.mean, self.std = channel_mean_std(images[train_idx].split(4096))
-            sample_transform = v2.TrivialAugmentWide() if self.trivial_augment else None
+            sample_transform = self.augment.sample_transform()
             self.train_set = TensorImageDataset(images, targets, train_idx, sample_transform=sample_transform)
             self.val_set = TensorImageDataset(images, targets, val_idx)
         if stage in ("test", "predict") and self.test_set is None:

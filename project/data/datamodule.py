@@ -1,4 +1,4 @@
-"""`ImageDataModule`: loader settings and on-device augmentation shared by every image DataModule."""
+"""`ImageDataModule`: loader settings and the on-device augmentation (`data.augment`) of every image DataModule."""
 
 from collections.abc import Sequence
 from typing import Any
@@ -9,7 +9,7 @@ from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
-from project.data.augment import BatchAugmentMixin, normalize
+from project.data.augment import BatchAugmentation, normalize
 from project.data.samplers import ResumableLoader, ResumableSampler, ShardSampler, run_seed
 from project.data.targets import Classes, TargetKind
 from project.data.tensor_dataset import TensorImageDataset, collate_pre_batched
@@ -34,14 +34,14 @@ def per_device_batch_size(
     return global_batch_size // parts
 
 
-class ImageDataModule(BatchAugmentMixin, L.LightningDataModule):
+class ImageDataModule(L.LightningDataModule):
     """Base class: subclasses fill `train_set`, `val_set`, `test_set`, `predict_set` in `setup`.
 
     Batches leave the DataLoader as `(uint8 images (B, C, H, W), targets)`, the targets of the data's kind
     (`targets`, `project.data.targets`): int64 labels (B,), float32 multi-hot rows (B, tags) for multi-label data,
     float32 values (B, values) for regression. After they reach the
-    device, `on_after_batch_transfer` augments training batches (`BatchAugmentMixin`: crop, flip and the optional
-    regularisers, independent per image; a mixed batch gains soft targets) and brings every batch to the
+    device, `on_after_batch_transfer` augments training batches (`augment`, a `BatchAugmentation`: crop, flip and
+    the optional regularisers, independent per image; a mixed batch gains soft targets) and brings every batch to the
     network's input size and normalises it, on the GPU when there is one. Prediction batches carry each
     sample's index instead of a label.
 
@@ -71,7 +71,8 @@ class ImageDataModule(BatchAugmentMixin, L.LightningDataModule):
         on_device: Move in-memory datasets (CIFAR, cached folders) to the training device once, so batches are
             gathered there and an epoch never touches the host (the fastest CIFAR trainers do this). Needs the
             dataset to fit in device memory (CIFAR-10 train: 150 MB as uint8).
-        **kwargs: The training augmentations (crop, flip, Cutout, MixUp/CutMix, ...; `BatchAugmentMixin`).
+        augment: The training augmentation and the evaluation view (crop, flip, Cutout, MixUp/CutMix, ...;
+            `BatchAugmentation`), as `--data.augment.KEY VALUE`.
     """
 
     #: Per-channel mean and std in [0, 1] units; set by subclasses.
@@ -94,9 +95,9 @@ class ImageDataModule(BatchAugmentMixin, L.LightningDataModule):
         prefetch_factor: int = 2,
         seed: int = 0,
         on_device: bool = False,
-        **kwargs: Any,
+        augment: BatchAugmentation = BatchAugmentation(),  # noqa: B008  # frozen: one shared default is safe
     ) -> None:
-        super().__init__(**kwargs)
+        super().__init__()
         if batch_size < 1:
             raise UserError(f"data.batch_size must be at least 1, got {batch_size}")
         if num_workers is not None and num_workers < 0:
@@ -112,6 +113,7 @@ class ImageDataModule(BatchAugmentMixin, L.LightningDataModule):
         self.prefetch_factor = prefetch_factor
         self.seed = seed
         self.on_device = on_device
+        self.augment = augment
         self.train_set: Dataset | None = None
         self.val_set: Dataset | None = None
         self.test_set: Dataset | None = None
@@ -217,9 +219,13 @@ class ImageDataModule(BatchAugmentMixin, L.LightningDataModule):
         return ResumableLoader(dataset, sampler, drop_last=drop_last, **settings)
 
     def train_dataloader(self) -> DataLoader:
-        if self.flip == "alternate":  # each image's row rides along with it, for its flip to follow it
+        if (
+            self.augment.flip == "alternate"
+        ):  # each image's row rides along with it, for its flip to follow it
             if not isinstance(self.train_set, TensorImageDataset):
-                raise UserError("data.flip alternate needs the images in memory: CIFAR, or data.cache true")
+                raise UserError(
+                    "data.augment.flip alternate needs the images in memory: CIFAR, or data.cache true"
+                )
             self.train_set.return_rows = True
         if isinstance(self.train_set, TensorImageDataset):
             self.train_set.seed = run_seed()  # per-image random transforms follow the run's seed
@@ -240,7 +246,7 @@ class ImageDataModule(BatchAugmentMixin, L.LightningDataModule):
         image's dataset row third (for alternating flips); the result is `(images, targets)`, or for a mixed
         training batch `(images, soft targets, targets)`."""
         x, y, *rows = batch
-        x = self.augment_images(x, rows[0] if rows else None, train, epoch, self._input_size(x), self.seed)
+        x = self.augment.images(x, rows[0] if rows else None, train, epoch, self._input_size(x), self.seed)
         key = (x.device, tuple(self.mean), tuple(self.std))
         if key not in self._norm_cache:  # two tiny host-to-device copies: once, not per batch
             self._norm_cache[key] = (
@@ -248,7 +254,7 @@ class ImageDataModule(BatchAugmentMixin, L.LightningDataModule):
                 torch.tensor(key[2], device=x.device),
             )
         x = normalize(x, *self._norm_cache[key])
-        return self.augment_normalized(x, y, train, self.targets)
+        return self.augment.normalized(x, y, train, self.targets)
 
     def _input_size(self, x: Tensor) -> tuple[int, int]:
         """The network's input (height, width): the batch's own when the DataModule does not say."""
@@ -286,7 +292,7 @@ class ImageDataModule(BatchAugmentMixin, L.LightningDataModule):
             "class_names": list(self.class_names),
             "targets": self.targets.kind,
             "source_size": self.source_size or self.input_shape[1],
-            "eval_crop": self.eval_crop,
+            "eval_crop": self.augment.eval_crop,
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:

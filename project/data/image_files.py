@@ -13,7 +13,6 @@ from typing import Any
 import numpy as np
 import torch
 from torch.utils.data import Dataset
-from torchvision.transforms import v2
 
 from project.data.datamodule import ImageDataModule
 from project.data.folds import KFoldMixin, check_class_counts, iterative_stratification
@@ -72,13 +71,11 @@ class ImageFilesDataModule(KFoldMixin, ImageDataModule):
         std: Per-channel std in [0, 1]; default: computed with the mean.
         predict_root: A folder of unlabeled images (any depth) for `predict`; default: the test split if there
             is one, else the validation split.
-        crop_padding: Padding of the training random crop; default `image_size // 8` (4 at 32 pixels).
         cache_size: Side of the squares cached (and decoded, without the cache), when larger than `image_size`:
             each batch is then resized to `image_size` on the device, or cropped from it by `crop_scale`. The
             cache takes N x 3 x cache_size^2 bytes. Default: `image_size`.
         source_scale: The side of those squares as a multiple of `image_size` instead (1.5: 96 px at 64, 144 at
             96), so that a recipe's source grows with its input; give it or `cache_size`, not both.
-        trivial_augment: TrivialAugmentWide (Müller & Hutter, 2021) per training image, in the loader workers.
         **kwargs: `num_folds` and `fold` (k-fold cross-validation over the training images, see `KFoldMixin`),
             and the loader and augmentation settings of `ImageDataModule` (batch_size, num_workers, ...).
     """
@@ -97,10 +94,8 @@ class ImageFilesDataModule(KFoldMixin, ImageDataModule):
         mean: tuple[float, float, float] | None = None,
         std: tuple[float, float, float] | None = None,
         predict_root: str | None = None,
-        crop_padding: int | None = None,
         cache_size: int | None = None,
         source_scale: float | None = None,
-        trivial_augment: bool = False,
         **kwargs: Any,
     ) -> None:
         if not 1 <= image_size <= MAX_IMAGE_SIZE:  # before crop_padding, which defaults to a share of it
@@ -124,8 +119,8 @@ class ImageFilesDataModule(KFoldMixin, ImageDataModule):
             raise UserError(
                 f"data.cache_size must be between image_size={image_size} and {MAX_IMAGE_SIZE}, got {cache_size}"
             )
-        super().__init__(crop_padding=image_size // 8 if crop_padding is None else crop_padding, **kwargs)
-        self.image_size, self.trivial_augment = image_size, trivial_augment
+        super().__init__(**kwargs)
+        self.image_size = image_size
         #: The side of the images stored (and read): the network's input, or the larger source it is cut from.
         self.source_size: int = cache_size or image_size
         self.cache = cache
@@ -254,7 +249,7 @@ class ImageFilesDataModule(KFoldMixin, ImageDataModule):
         files = self.scanned(split).files
         targets = self.targets.encode(self.scanned(split).labels)
         indices = list(range(len(files))) if indices is None else indices
-        augment = v2.TrivialAugmentWide() if self.trivial_augment and split == "train" and train else None
+        augment = self.augment.sample_transform() if split == "train" and train else None
         if self.cache:
             cached = self._cache(split)  # images only: the targets come from the scan, every time
             keep = self._drop_bad(split, indices, cached.bad, files)

@@ -121,7 +121,6 @@ class StreamingImageDataModule(KFoldMixin, ImageDataModule):
         cache_dir: Where chunks downloaded from a URL are kept; default: litdata's own cache folder.
         max_cache_size: Most disk the downloaded chunks may take (e.g. "50GB"); older chunks are evicted.
         predict_split: The split `predict` reads (`test`, `val` or `train`); default: test, else val.
-        crop_padding: Padding of the training random crop; default `image_size // 8`.
         **kwargs: `num_folds` and `fold` (cross-validation over the folds `prepare --num_folds` recorded: fold
             `fold` of the training split validates, the others train; num_folds must be the number recorded),
             and the loader and augmentation settings of `ImageDataModule` (batch_size, num_workers, ...).
@@ -135,14 +134,13 @@ class StreamingImageDataModule(KFoldMixin, ImageDataModule):
         cache_dir: str | None = None,
         max_cache_size: str = "100GB",
         predict_split: str | None = None,
-        crop_padding: int | None = None,
         **kwargs: Any,
     ) -> None:
         if image_size < 1:
             raise UserError(f"data.image_size must be at least 1, got {image_size}")
         if decode_size is not None and decode_size < image_size:
             raise UserError(f"data.decode_size must be at least image_size={image_size}, got {decode_size}")
-        super().__init__(crop_padding=image_size // 8 if crop_padding is None else crop_padding, **kwargs)
+        super().__init__(**kwargs)
         self.input_dir = input_dir if "://" in input_dir else str(Path(input_dir).expanduser())
         self.image_size = image_size
         self.source_size: int = decode_size or image_size
@@ -289,8 +287,12 @@ class StreamingImageDataModule(KFoldMixin, ImageDataModule):
         )
 
     def train_dataloader(self) -> DataLoader:
-        if self.flip == "alternate":
-            raise UserError("data.flip alternate needs the images in memory: CIFAR, or data.cache true")
+        if self.augment.flip == "alternate" or self.augment.trivial_augment:
+            key = "flip alternate" if self.augment.flip == "alternate" else "trivial_augment true"
+            raise UserError(
+                f"data.augment.{key} needs the images in memory (CIFAR, or image files with data.cache true), "
+                "not streamed from chunks"
+            )
         return self._streaming_loader(self.train_set, train=True)
 
     def val_dataloader(self) -> DataLoader:
