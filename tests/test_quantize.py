@@ -8,12 +8,14 @@ import pytest
 import torch
 from torchvision.datasets import CIFAR10
 
+from project.cli import main
 from project.compression.onnx_int8 import needs_reduce_range, quantize_static_int8
 from project.errors import UserError
 from project.export.quantize import quantize
 from project.export.report import COLUMNS
 from project.export.trained import load_trained
 from tests.conftest import run_cli
+from tests.deploy_helpers import mounted_tmpfs
 from tests.wandb_reader import read_run
 
 pytest_plugins = ["tests.deploy_fixtures"]  # fixtures: trained_run, exported
@@ -21,6 +23,7 @@ pytest_plugins = ["tests.deploy_fixtures"]  # fixtures: trained_run, exported
 ROWS = [
     "FP32 eager",
     "FP32 ONNX Runtime",
+    "FP32 AOTInductor package",
     "dynamic INT8 (Linear layers)",
     "static INT8, calibrated on 3 training batches",
     "QAT INT8",
@@ -54,13 +57,13 @@ def test_quantize_report(trained_run, exported, tmp_path):
         *trained_run.data_args, "--calibration_batches", "3", "--repeats", "3", "--warmup", "1", "--threads", "1",
         cwd=tmp_path,
     )  # fmt: skip
-    assert {"model.onnx", "model.json", "model.int8-dynamic.onnx", "model.int8-static.onnx"} <= {
+    assert {"model.onnx", "model.pt2", "model.json", "model.int8-dynamic.onnx", "model.int8-static.onnx"} <= {
         p.name for p in out.iterdir()
     }
 
     markdown = (out / "quantization.md").read_text()
     assert markdown.splitlines()[0] == "| " + " | ".join(COLUMNS) + " |"
-    assert [line.split(" | ")[0].lstrip("| ") for line in markdown.splitlines()[2:7]] == ROWS
+    assert [line.split(" | ")[0].lstrip("| ") for line in markdown.splitlines()[2 : 2 + len(ROWS)]] == ROWS
     assert markdown in proc.stdout
 
     report = json.loads((out / "quantization.json").read_text())
@@ -74,6 +77,14 @@ def test_quantize_report(trained_run, exported, tmp_path):
     )
     assert results["FP32 eager"]["accuracy"] > 0.5
     assert results["FP32 ONNX Runtime"]["agreement"] == 1.0
+    # The AOTInductor package, timed beside ONNX Runtime, is the same network.
+    aoti = results["FP32 AOTInductor package"]
+    assert (
+        aoti["agreement"] == 1.0
+        and aoti["artifact"] == "model.pt2"
+        and aoti["runtime"] == "AOTInductor (CPU)"
+    )
+    assert aoti["accuracy"] == results["FP32 eager"]["accuracy"]
     assert results["dynamic INT8 (Linear layers)"]["agreement"] >= 0.8
     assert results["static INT8, calibrated on 3 training batches"]["agreement"] >= 0.6
     for r in report["results"]:
@@ -89,7 +100,7 @@ def test_quantize_report(trained_run, exported, tmp_path):
     (wandb_run,) = (out / "wandb").glob("offline-run-*")
     recorded = read_run(wandb_run)
     (row,) = [row for row in recorded["history"] if row.get("quantization/_type") == "table-file"]
-    assert row["quantization/nrows"] == 5 and row["quantization/ncols"] == len(COLUMNS)
+    assert row["quantization/nrows"] == len(ROWS) and row["quantization/ncols"] == len(COLUMNS)
     table = json.loads((wandb_run / "files" / row["quantization/path"]).read_text())
     assert table["columns"] == COLUMNS and [r[0] for r in table["data"]] == ROWS
     assert recorded["summary"]["fp32_eager/accuracy"] == pytest.approx(results["FP32 eager"]["accuracy"])
@@ -150,7 +161,7 @@ def test_pt2e_static_int8_artifact(tmp_path, monkeypatch):
     from project.compression import int8_program
     from project.compression.int8_program import load_int8, save_int8
     from project.compression.pt2e import quantize_static
-    from project.export.quantize import load_int8_runtime
+    from project.export.int8_variants import load_int8_runtime
     from project.models import SimpleCNN
 
     torch.manual_seed(0)
@@ -186,3 +197,58 @@ def test_pt2e_static_int8_artifact(tmp_path, monkeypatch):
     with pytest.warns(UserWarning, match="torch.compile of the INT8 program failed .*no INT8 kernels here"):
         runtime, how = load_int8_runtime(path, (3, 32, 32))
     assert how.startswith("uncompiled: torch.compile failed") and runtime(x).shape == expected.shape
+
+
+def _one_error_line(capsys) -> str:
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and "Traceback" not in err, err[-3000:]
+    return lines[0]
+
+
+def test_a_full_disk_is_one_line_and_leaves_no_file_half_written(trained_run, exported, tmp_path, capsys):
+    """A disk with room for the FP32 export (written first) and not for the INT8 models."""
+    page = 4096
+    room = page + sum(
+        -(-f.stat().st_size // page) * page for f in (exported, exported.with_name("model.json"))
+    )
+    with mounted_tmpfs(tmp_path / "disk", room) as disk:
+        out = disk / "report"
+        with pytest.raises(SystemExit) as stop:
+            main(
+                [
+                    "quantize", "--ckpt_path", str(trained_run.ckpt), "--output_dir", str(out),
+                    *trained_run.data_args, "--aoti", "false", "--wandb", "false", "--calibration_batches", "1",
+                    "--limit_batches", "1", "--repeats", "1", "--warmup", "0",
+                ]
+            )  # fmt: skip
+        assert stop.value.code == 1
+        line = _one_error_line(capsys)
+        assert line.startswith(f"error: no space left on the device to write {out}")
+        assert line.endswith(
+            "no file there is half-written. Free some space, then run the same command again with --overwrite true"
+        )
+        assert sorted(p.name for p in out.iterdir()) == [
+            "model.json",
+            "model.onnx",
+        ]  # no INT8 model, no staging
+        assert not list(disk.glob(".*"))
+        import onnx
+
+        onnx.checker.check_model(str(out / "model.onnx"), full_check=True)  # whole
+
+
+def test_an_int8_program_on_a_full_disk_is_an_os_error_and_leaves_nothing(tmp_path):
+    """torch.export.save itself would end the process (its C++ writer raises, then terminates)."""
+    import errno
+
+    from project.compression.int8_program import save_int8
+    from project.models import SimpleCNN
+
+    net = SimpleCNN(num_classes=4, width=8, hidden=16).eval()
+    example = torch.zeros(2, 3, 32, 32)
+    with mounted_tmpfs(tmp_path / "disk", 16 * 1024) as disk:
+        with pytest.raises(OSError) as raised:
+            save_int8(net, disk / "model.int8-pt2e.pt2", example, {"class_names": list("abcd")})
+        assert raised.value.errno == errno.ENOSPC
+        assert list(disk.iterdir()) == []

@@ -66,6 +66,10 @@ RUNNERS = {
         lambda c: c.startswith("curl ") and "/predict" in c,
         ("tests.test_serve", "test_serve_classifies_rejects_and_stops"),
     ),
+    "the C++ example's build and run": (
+        lambda c: c.startswith("cmake ") or " build/aoti_cpp/classify " in f" {c}",
+        ("tests.test_aoti_cpp", "test_the_cpp_example_classifies_image_files_as_python_does"),
+    ),
     # /part: production
 }
 
@@ -193,6 +197,13 @@ def test_layout_names_every_folder_and_the_top_of_project_stays_small():
     }, top
 
 
-def test_no_module_is_longer_than_300_lines():
-    long = {str(p): n for p in (ROOT / PACKAGE).rglob("*.py") if (n := len(p.read_text().splitlines())) > 300}
+#: The most lines a module of the package may have: what a reader takes in at one sitting. The command-line
+#: layer, read first by everyone who follows a command, keeps to fewer.
+MAX_MODULE_LINES, MAX_CLI_MODULE_LINES = 400, 300
+
+
+def test_no_module_is_longer_than_a_sitting():
+    lengths = {p: len(p.read_text().splitlines()) for p in (ROOT / PACKAGE).rglob("*.py")}
+    long = {str(p): n for p, n in lengths.items() if n > MAX_MODULE_LINES}
+    long |= {str(p): n for p, n in lengths.items() if n > MAX_CLI_MODULE_LINES and p.parent.name == "cli"}
     assert not long, long

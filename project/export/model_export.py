@@ -281,11 +281,17 @@ def parse_args(args: list[str]) -> dict:
     return parse_tool_args(export, args, prog="python -m project export")
 
 
+@contextlib.contextmanager
+def ctrl_c_says(outcome: str) -> Iterator[None]:
+    """Ctrl-C inside the block (staged outputs removed by then) as one line saying `outcome`, exit status 130."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        print(f"error: stopped by Ctrl-C; {outcome}", file=sys.stderr)
+        raise SystemExit(128 + signal.SIGINT) from None
+
+
 def main(args: list[str]) -> None:
     kwargs = parse_args(args)
-    try:
+    with ctrl_c_says(f"nothing was written to {kwargs.get('output_dir', 'export')}"):
         export(**kwargs)
-    except KeyboardInterrupt:  # staged_outputs has removed whatever was staged
-        output_dir = kwargs.get("output_dir", "export")
-        print(f"error: stopped by Ctrl-C; nothing was written to {output_dir}", file=sys.stderr)
-        raise SystemExit(128 + signal.SIGINT) from None

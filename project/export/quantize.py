@@ -1,19 +1,16 @@
 """`python -m project quantize`: the INT8 deployment table for a trained checkpoint."""
 
-import io
 import shlex
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
 from typing import Literal
 
 import numpy as np
 import torch
-from torch import nn
 
-from project.atomic_files import file_size_mb, staged_outputs
+from project.atomic_files import staged_outputs
 from project.compression.int8_program import save_int8
 from project.compression.onnx_int8 import (
     ActivationType,
@@ -25,7 +22,15 @@ from project.compression.onnx_int8 import (
 from project.compression.pt2e import quantize_static
 from project.errors import UserError
 from project.export.decoding import deployed
-from project.export.model_export import FILES, METADATA, claim_output_dir, export_trained
+from project.export.int8_variants import find_qat_artifact, int8_variant
+from project.export.model_export import (
+    FILES,
+    METADATA,
+    claim_output_dir,
+    ctrl_c_says,
+    export_trained,
+    writing,
+)
 from project.export.preprocessing import Preprocessing
 from project.export.report import (
     VariantResult,
@@ -36,47 +41,16 @@ from project.export.report import (
     speed,
     write_report,
 )
-from project.export.runtimes import OnnxRuntime, Runtime, TorchRuntime
 from project.export.trained import load_trained
+from project.export.variants import aoti_variant, eager_variant, onnx_variant
 
-#: `model_int8.pt2` is the default name used by `project.compression.qat.QuantizationAwareTraining`.
-QAT_PATTERNS = ("*qat*.pt2", "*qat*.onnx", "*int8*.pt2")
 DYNAMIC_FILE, STATIC_FILE = "model.int8-dynamic.onnx", "model.int8-static.onnx"
 PT2E_FILE = "model.int8-pt2e.pt2"
-
-
-def find_qat_artifact(ckpt_path: str | Path) -> Path | None:
-    """The newest QAT INT8 artifact in the checkpoint's folder, or None."""
-    folder = Path(ckpt_path).parent
-    found = {p for pattern in QAT_PATTERNS for p in folder.glob(pattern) if p.is_file()}
-    return max(found, key=lambda p: p.stat().st_mtime) if found else None
-
-
-def load_int8_runtime(
-    path: str | Path, input_shape: tuple[int, ...], threads: int | None = None, compile: bool = True
-) -> tuple[Runtime, str]:
-    """(runtime, how it runs) for a `.onnx` (ONNX Runtime) or `.pt2` INT8 model.
-
-    A PT2E INT8 program runs its quantize/dequantize pairs around float kernels unless `torch.compile`
-    with freezing lowers them to INT8 kernels: `compile` measures that deployed form.
-    """
-    path = Path(path)
-    if not path.is_file():
-        raise UserError(f"INT8 model {path} does not exist")
-    if path.suffix == ".onnx":
-        return OnnxRuntime(path, threads), "ONNX Runtime"
-    if path.suffix == ".pt2":
-        from project.compression.int8_program import compiled_or_eager, load_int8
-
-        module, _ = load_int8(path)
-        if not compile:
-            return TorchRuntime(module, set_eval=False), "torch.export program, uncompiled"
-        module, failure = compiled_or_eager(module, input_shape)
-        how = (
-            "torch.compile (freezing)" if failure is None else f"uncompiled: torch.compile failed ({failure})"
-        )
-        return TorchRuntime(module, set_eval=False), how
-    raise UserError(f"INT8 model {path}: expected a .pt2 (torch.export) or .onnx file")
+#: What a full disk leaves (each set of files moves into place whole) and what to do about it.
+FULL_DISK = (
+    "no file there is half-written",
+    "Free some space, then run the same command again with --overwrite true",
+)
 
 
 def _network_inputs(batches, pre: Preprocessing) -> Iterator[tuple[np.ndarray, np.ndarray]]:
@@ -84,48 +58,6 @@ def _network_inputs(batches, pre: Preprocessing) -> Iterator[tuple[np.ndarray, n
     resized and normalised as a deployment's consumer does it."""
     for x, y in batches:
         yield pre.normalize(pre.to_input(x)).numpy(), y.numpy()
-
-
-@dataclass
-class Variant:
-    """One row of the report before it is measured.
-
-    Args:
-        name: The row's label, e.g. `static INT8, calibrated on 16 training batches`.
-        key: A short name for W&B, e.g. `int8_static`.
-        runtime: What runs it (float32 batch in, the exported outputs out: logits, or tag probabilities).
-        size_mb: Size on disk of what a deployment ships.
-        artifact: That file (or the checkpoint, for eager).
-        runs_on: How it runs, e.g. `ONNX Runtime` or `torch.compile (freezing)`.
-    """
-
-    name: str
-    key: str
-    runtime: Runtime
-    size_mb: float
-    artifact: str
-    runs_on: str
-
-
-def eager_variant(net: nn.Module, ckpt_path: str | Path) -> Variant:
-    """FP32 in PyTorch eager; its size is that of its saved weights (the checkpoint also holds optimizer state)."""
-    buffer = io.BytesIO()
-    torch.save(net.state_dict(), buffer)
-    return Variant(
-        "FP32 eager", "fp32_eager", TorchRuntime(net), buffer.tell() / 2**20, str(ckpt_path), "PyTorch eager"
-    )
-
-
-def onnx_variant(name: str, key: str, path: Path, threads: int | None) -> Variant:
-    return Variant(name, key, OnnxRuntime(path, threads), file_size_mb(path), path.name, "ONNX Runtime")
-
-
-def int8_variant(
-    name: str, key: str, path: Path, input_shape: tuple[int, ...], threads: int | None, compile: bool = True
-) -> Variant:
-    """An INT8 `.pt2` program (PT2E static or QAT) or `.onnx` model; `.pt2` under torch.compile if it can."""
-    runtime, runs_on = load_int8_runtime(path, input_shape, threads, compile=compile)
-    return Variant(name, key, runtime, file_size_mb(path), str(path), runs_on)
 
 
 def quantize(
@@ -145,6 +77,7 @@ def quantize(
     qat_path: str | None = None,
     compile_qat: bool = True,
     pt2e_static: bool = False,
+    aoti: bool = True,
     wandb: bool = True,
     wandb_project: str = "lightning-template",
     seed: int = 0,
@@ -153,12 +86,13 @@ def quantize(
 ) -> list[VariantResult]:
     """Measure accuracy, latency, throughput and size of FP32 and INT8 variants of a trained checkpoint.
 
-    Variants: FP32 eager PyTorch; FP32 ONNX Runtime; dynamic INT8 of the Linear layers; static INT8
+    Variants: FP32 eager PyTorch; FP32 ONNX Runtime; the FP32 AOTInductor package (`export --format aoti`, on
+    the CPU); dynamic INT8 of the Linear layers; static INT8
     calibrated on training batches (both with ONNX Runtime's quantization tools); and the QAT INT8 model
     when a QAT artifact is given or found next to the checkpoint. Accuracy is top-1 on the chosen split
     (for a multi-label model: mAP, and how often the tag sets agree with FP32 eager's);
     speed is the median of interleaved runs on this CPU after warm-up. Writes quantization.md,
-    quantization.json and the ONNX models (model.onnx, model.int8-*.onnx, model.json) into output_dir,
+    quantization.json and the models (model.onnx, model.pt2, model.int8-*.onnx, model.json) into output_dir,
     and logs the table to W&B (offline unless WANDB_MODE=online).
 
     Args:
@@ -185,6 +119,8 @@ def quantize(
             warning and a note in the report).
         pt2e_static: Add a row for static INT8 with torchao's PT2E flow (X86InductorQuantizer, the same
             calibration batches, torch.compile), saved as model.int8-pt2e.pt2.
+        aoti: Compile the FP32 network into an AOTInductor package (model.pt2; a minute or two, with a C++
+            compiler) and add its row.
         wandb: Log the table to a W&B run in output_dir.
         wandb_project: W&B project name.
         seed: Seed of the shuffled training batches drawn for calibration (reproducible INT8 scales).
@@ -229,25 +165,28 @@ def quantize(
         x for x, _ in islice(_network_inputs(datamodule.train_dataloader(), pre), calibration_batches)
     ]
 
-    export_trained(trained, out, formats=("onnx",), overwrite=True)  # the folder was claimed above
-    with staged_outputs(out, replaces=[name for name in present if name in int8_files]) as staging:
-        quantize_dynamic_linear(out / FILES["onnx"], staging / DYNAMIC_FILE)
-        used = quantize_static_int8(
-            out / FILES["onnx"],
-            staging / STATIC_FILE,
-            calibration,
-            method=calibration_method,
-            activation_type=activation_type,
-            reduce_range=reduce_range,
-        )
-        if pt2e_static:
-            example = torch.zeros(2, *pre.input_shape)
-            int8 = quantize_static(net, (torch.from_numpy(b) for b in calibration), example)
-            save_int8(int8, staging / PT2E_FILE, example, pre.to_dict())
+    with writing(out, *FULL_DISK):
+        formats = ("onnx", "aoti") if aoti else ("onnx",)
+        export_trained(trained, out, formats=formats, overwrite=True)  # the folder was claimed above
+        with staged_outputs(out, replaces=[name for name in present if name in int8_files]) as staging:
+            quantize_dynamic_linear(out / FILES["onnx"], staging / DYNAMIC_FILE)
+            used = quantize_static_int8(
+                out / FILES["onnx"],
+                staging / STATIC_FILE,
+                calibration,
+                method=calibration_method,
+                activation_type=activation_type,
+                reduce_range=reduce_range,
+            )
+            if pt2e_static:
+                example = torch.zeros(2, *pre.input_shape)
+                int8 = quantize_static(net, (torch.from_numpy(b) for b in calibration), example)
+                save_int8(int8, staging / PT2E_FILE, example, pre.to_dict())
 
     variants = [
         eager_variant(net, trained.ckpt_path),
         onnx_variant("FP32 ONNX Runtime", "fp32_onnxruntime", out / FILES["onnx"], threads),
+        *([aoti_variant(out / FILES["aoti"], threads)] if aoti else []),
         onnx_variant("dynamic INT8 (Linear layers)", "int8_dynamic", out / DYNAMIC_FILE, threads),
         onnx_variant(
             f"static INT8, calibrated on {used} training batches", "int8_static", out / STATIC_FILE, threads
@@ -299,7 +238,8 @@ def quantize(
         "machine": machine(),
         "command": command or f"python -m project quantize --ckpt_path {ckpt_path}",
     }
-    md, js = write_report(results, info, out, decoder)
+    with writing(out, *FULL_DISK):
+        md, js = write_report(results, info, out, decoder)
     print(markdown(results, info, decoder))
     print(f"report: {md} and {js}")
     if wandb:
@@ -315,4 +255,7 @@ def parse_args(args: list[str]) -> dict:
 
 
 def main(args: list[str]) -> None:
-    quantize(**parse_args(args))
+    kwargs = parse_args(args)
+    output_dir = kwargs.get("output_dir", "quantize")
+    with ctrl_c_says(f"no file in {output_dir} is half-written"):  # each set of files moves in whole
+        quantize(**kwargs)
