@@ -21,7 +21,7 @@ import pytest
 from PIL import Image
 
 from project.cli import main
-from project.data import prepare as prepare_module
+from project.data import prepare_chunks
 from project.data.streaming import METADATA
 from tests.conftest import CONFIGS, subprocess_env
 from tests.fakes import make_image_folder
@@ -250,7 +250,7 @@ def test_prepare_onto_a_disk_that_fills_up_is_the_full_disk_line_and_leaves_noth
                 raise json.JSONDecodeError("Expecting value", "", 0)
 
             monkeypatch.setattr(litdata, "optimize", empty_index)
-            monkeypatch.setattr(prepare_module.shutil, "disk_usage", lambda path: SimpleNamespace(free=0))
+            monkeypatch.setattr(prepare_chunks.shutil, "disk_usage", lambda path: SimpleNamespace(free=0))
         err = one_line_error(prepare_args(images, disk / "prepared"), capsys)
         head, tail = FULL.format(out=disk / "prepared", at="@").split("@")
         assert err.startswith(head) and err.endswith(tail), err  # with the file it was writing, if known
@@ -285,7 +285,7 @@ def test_a_full_disk_in_a_worker_process_is_one_line_and_leaves_nothing(
 ):
     import psutil
 
-    monkeypatch.setattr(prepare_module, "encode_sample", no_space_left)
+    monkeypatch.setattr(prepare_chunks, "encode_sample", no_space_left)
     out = tmp_path / "prepared"
     # Only the processes prepare starts: earlier tests in this pytest process may have left their own (a
     # compile worker pool, a W&B service) running.
