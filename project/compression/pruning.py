@@ -98,6 +98,11 @@ class ProgressivePruning(ModelPruning):
         return layers
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        # Pruning happens in training only. The test a fit ends with sets the trainer up again, by then on a
+        # network other callbacks may have rebuilt (quantization-aware training's): the layers found for the
+        # fit are not in it, and there is nothing to prune.
+        if stage != "fit":
+            return
         super().setup(trainer, pl_module, stage)
         # ModelPruning lists parameters name by name: keep module order (the first layer first).
         order = {id(m): i for i, m in enumerate(pl_module.modules())}

@@ -74,6 +74,7 @@ class QuantizationAwareTraining(Callback):
         self.int8_path: Path | None = None
         self.report: dict[str, Any] = {}
         self._float_keys: set[str] = set()
+        self._float_net: nn.Module | None = None  # the network as it was before fake quantization
         self._epochs: dict[str, int | None] = {}
         self._epoch_seen = -1
 
@@ -173,8 +174,23 @@ class QuantizationAwareTraining(Callback):
         # Once prepared, the network attribute holds the GraphModule that _prepare put there.
         return cast(GraphModule, self._net(pl_module))
 
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        # A fit tests its best checkpoint with the network still fake-quantized, but the checkpoint holds float
+        # weights (the fake quantization state rides in this callback's state, restored by on_load_checkpoint
+        # after Lightning loads the weights): the float network, with the weights trained, goes back first.
+        if stage == "fit" or not self.prepared or self._float_net is None:
+            return
+        prefix = f"{self.module_name}."
+        trained = self._graph(pl_module).state_dict()
+        self._float_net.load_state_dict(
+            {k: v for k, v in trained.items() if prefix + k in self._float_keys}, strict=True
+        )
+        setattr(pl_module, self.module_name, self._float_net)
+        self.prepared = self.bn_frozen = self.observers_frozen = False
+
     def _prepare(self, pl_module: L.LightningModule, example_shape: tuple[int, ...]) -> None:
         net = self._net(pl_module)
+        self._float_net = net
         self._float_keys = set(pl_module.state_dict())
         example = torch.zeros(2, *example_shape, device=pl_module.device)
         was_training = net.training
