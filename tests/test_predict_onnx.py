@@ -41,6 +41,9 @@ def test_image_folder_of_any_size_matches_checkpoint_predict(trained_run, export
     # 10 class folders (so the 10-class checkpoint fits), images of mixed sizes and modes, JPEG and PNG.
     folder = make_image_folder(tmp_path / "images", classes=10, per_class=2, extras=False)
     meta = json.loads(exported.with_name("model.json").read_text())["preprocessing"]
+    # ... named as the checkpoint's classes: a checkpoint is refused on data whose classes differ.
+    for index, name in enumerate(meta["class_names"]):
+        (folder / f"c{index}").rename(folder / name)
     run_cli(
         "predict", "--config", CONFIGS / "folder.yaml", "--config", CONFIGS / "debug.yaml",
         "--model.net", "SimpleCNN", "--model.net.init_args.width", "8", "--model.net.init_args.hidden", "32",

@@ -274,9 +274,15 @@ class ImageTask(L.LightningModule):
         kind = getattr(source, "targets", None)
         checkpoint["data_identity"] = {
             "kind": (kind if isinstance(kind, TargetKind) else self.targets).kind,
-            "names": list(self.class_names),
+            "names": self._data_names(),
             "source": type(source).__name__ if source is not None else None,
         }
+
+    def _data_names(self) -> list[str]:
+        """The names of the data's classes or tags where the trainer has the data (a task built in a script
+        may hold only the placeholders `0, 1, ...`), else the task's own, which the CLI links from the data."""
+        names = getattr(getattr(self._trainer, "datamodule", None), "class_names", None)
+        return list(names or self.class_names)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         if (
@@ -286,7 +292,7 @@ class ImageTask(L.LightningModule):
             from project.run.data_identity import check_same_names, recorded_names
 
             fitting = self._trainer.state.fn == "fit"
-            check_same_names(recorded_names(checkpoint), self.class_names, self._trainer.ckpt_path, fitting)
+            check_same_names(recorded_names(checkpoint), self._data_names(), self._trainer.ckpt_path, fitting)
             reconcile_weight_average(self._trainer, checkpoint)
         best = checkpoint.get("monitor_best") or {}
         if best.get("value") is not None and best.get("monitor") == self.monitor:
