@@ -172,7 +172,7 @@ def _tiny(net: nn.Module, shape: tuple[int, int, int] = (3, 4, 4)) -> TrainedMod
     return TrainedModel(net.eval(), pre, None, Path("x.ckpt"), None)  # type: ignore[arg-type]
 
 
-def test_an_aoti_export_that_cannot_be_made_is_one_line_and_writes_nothing(tmp_path, capsys, monkeypatch):
+def test_an_aoti_export_that_cannot_be_made_is_one_line_and_writes_nothing(tmp_path, capsys):
     out = tmp_path / "out"
     with pytest.raises(UserError, match=r"torch\.export cannot capture the network _Branchy .*--format onnx"):
         export_trained(_tiny(_Branchy()), out, formats=("aoti",))
@@ -180,11 +180,19 @@ def test_an_aoti_export_that_cannot_be_made_is_one_line_and_writes_nothing(tmp_p
 
     import torch._inductor.config as inductor_config  # a submodule: `import torch` leaves it out
 
-    monkeypatch.setattr(inductor_config.cpp, "cxx", ("/nonexistent/c++",))
-    monkeypatch.setattr(inductor_config, "force_disable_caches", True)  # an earlier run's compiled graph
+    # Inductor's own patch, not monkeypatch: undoing a monkeypatch of a value the config module holds as a
+    # default deletes the setting from the module, and every later compile in the process fails on it.
+    no_compiler = {
+        "cpp.cxx": ("/nonexistent/c++",),
+        "force_disable_caches": True,
+    }  # (no earlier compiled graph)
     net = MLP(num_classes=2, input_shape=(3, 7, 7), hidden=3)
-    with pytest.raises(UserError, match=r"AOTInductor could not compile .*C\+\+ compiler.*--format onnx"):
+    with (
+        inductor_config.patch(no_compiler),
+        pytest.raises(UserError, match=r"AOTInductor could not compile .*C\+\+ compiler.*--format onnx"),
+    ):
         export_trained(_tiny(net, (3, 7, 7)), out, formats=("onnx", "aoti"))
+    assert inductor_config.force_disable_caches is False  # the setting is back, not gone
     assert not out.exists()  # the ONNX file, written and verified first, went too
 
 
