@@ -84,8 +84,10 @@ def test_an_editable_install_does_not_warn_about_folders_named_like_the_package(
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(ROOT / name, copy / name)
     command = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "-e", copy]
+    # --ignore-installed: with --prefix alone pip first uninstalls the project from the environment running
+    # the tests.
     proc = subprocess.run(
-        [*map(str, command), "--prefix", str(tmp_path / "prefix")],
+        [*map(str, command), "--prefix", str(tmp_path / "prefix"), "--ignore-installed"],
         capture_output=True,
         text=True,
         timeout=600,
