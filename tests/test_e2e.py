@@ -60,8 +60,11 @@ def test_cifar_fit_validate_test_predict_resume(fake_cifar, tmp_path):
     # Resuming continues from the saved epoch (the third epoch is the only one the second run trains).
     run_cli("fit", *common, "--trainer.max_epochs", "3", "--ckpt_path", ckpt, cwd=tmp_path)
     resumed = read_metrics(newest_run(tmp_path / "logs"))
-    assert {int(r["epoch"]) for r in resumed} == {2}
-    assert int(resumed[-1]["step"]) == 3 * 8 - 1  # 8 batches of 50 per epoch
+    trained = [r for r in resumed if not r.get("test/acc")]
+    assert {int(r["epoch"]) for r in trained} == {2}
+    assert int(trained[-1]["step"]) == 3 * 8 - 1  # 8 batches of 50 per epoch
+    # ... and then the fit tests its best checkpoint (CIFAR has a test split): one row, after the training.
+    assert [r for r in resumed if r.get("test/acc")] == resumed[len(trained) :] != []
 
 
 def test_folder_fit_and_predict(image_folder, tmp_path):

@@ -327,6 +327,8 @@ def test_a_three_trial_study_prunes_the_bad_trial_and_its_best_config_reproduces
     )
     ran["trainer"].pop("default_root_dir"), ran["trainer"].pop("callbacks")
     ran.pop("ckpt_path", None), ran.pop("weights_only")  # how `fit` loads a checkpoint, set by the CLI
+    # A trial tests nothing; a fit of the best config tests its best checkpoint as any fit does.
+    assert ran.pop("test_after_fit") is False and best.pop("test_after_fit") is True
     assert _set(best) == _set(ran)  # the saved config spells out the unset (null) values too
     with pytest.raises(SystemExit) as exit_info:
         run_command(["fit", "--config", str(study_dir / "best_config.yaml"), "--print_config"])
