@@ -52,8 +52,10 @@ def run(command: list[str | Path], cwd: Path, timeout: int = 900) -> subprocess.
 def checked(command: list[str | Path], cwd: Path, timeout: int = 900) -> str:
     """`command`'s output, after checking that it succeeded."""
     done = run(command, cwd, timeout)
+    # A test run's failures first (its end is a summary of warnings and names), then the output's end.
+    failures = done.stdout.partition("= FAILURES =")[2][:12000]
     assert done.returncode == 0, (
-        f"{' '.join(map(str, command))}:\n{done.stdout[-4000:]}\n{done.stderr[-4000:]}"
+        f"{' '.join(map(str, command))}:\n{failures}\n...\n{done.stdout[-4000:]}\n{done.stderr[-4000:]}"
     )
     return done.stdout
 

@@ -20,6 +20,7 @@ from project.errors import UserError
 from project.models import MLP
 from project.tasks import ImageClassifier, MultiLabelClassifier
 from project.tasks.task import check_task_fits_data
+from tests.conftest import PACKAGE
 
 TAGS = ["cat", "dog"]
 
@@ -136,13 +137,13 @@ def test_task_and_data_must_agree_on_what_a_target_is(tmp_path):
     with pytest.raises(
         UserError,
         match=r"data \(TagData\) gives a set of tags per image but model ImageClassifier takes one class per "
-        r"image: train it with --model project\.tasks\.MultiLabelClassifier \(as configs/csv_multilabel\.yaml",
+        rf"image: train it with --model {PACKAGE}\.tasks\.MultiLabelClassifier \(as configs/csv_multilabel\.yaml",
     ):
         trainer(tmp_path).validate(single, datamodule=TagData(), verbose=False)
     classes = SimpleNamespace(targets=kinds.Classes(tuple(TAGS)))
     with pytest.raises(
         UserError,
-        match=r"gives one class per image but .*: train it with --model project\.tasks\.ImageClassifier",
+        match=rf"gives one class per image but .*: train it with --model {PACKAGE}\.tasks\.ImageClassifier",
     ):
         check_task_fits_data(identity_task(), classes)
     check_task_fits_data(single, classes)  # agree: nothing to say
