@@ -90,3 +90,5 @@ def test_the_first_command_trains_offline_to_the_accuracy_the_readme_states(tmp_
     assert summary["monitor"] == "val/acc"
     # The figure holds within a few points on another CPU, whose kernels round differently.
     assert float(summary["score"]) >= stated - 0.04, (summary["score"], stated)
+    stated_test = float(re.search(r"images of `test/` \(about (0\.\d+)\)", readme).group(1))
+    assert float(summary["test"]) >= stated_test - 0.04, (summary["test"], stated_test)
