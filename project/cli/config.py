@@ -8,7 +8,6 @@ configs/callbacks/default.yaml (each under its own key), and the links data -> m
 """
 
 import contextlib
-import copy
 import importlib
 import json
 import sys
@@ -30,6 +29,7 @@ from project.cli.tool_args import config_files
 from project.data import ImageDataModule
 from project.errors import UserError, find_user_error
 from project.lightning_private import give_config_dump
+from project.run.redaction import redact_config
 from project.run.run_folder import DEFAULT_ROOT_DIR
 from project.tasks import ImageClassifier, ImageTask
 
@@ -229,7 +229,9 @@ class CommandLine(LightningCLI):
             self.config, format="json", skip_unset=False, skip_link_targets=False, skip_validation=True
         )
         self.dumped = json.loads(text)
-        give_config_dump(self, copy.deepcopy(self.dumped))  # (they write the linked values into theirs)
+        # (a copy, without secrets: they write the linked values into theirs, and a task saves its part of it
+        # as its hyperparameters, in every checkpoint and logger)
+        give_config_dump(self, redact_config(self.dumped))
 
     def instantiate_classes(self) -> None:
         """Nothing: the command instantiates the config, with its run's plan applied."""

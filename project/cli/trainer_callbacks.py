@@ -45,7 +45,9 @@ def run_callbacks(
         if isinstance(callback, RunInfo):
             callback.settings = plan.settings  # what `--ckpt_path last` matches, in every checkpoint
     if not trainer.get("fast_dev_run"):  # (LightningCLI's rule: a debug run saves no config)
-        callbacks.append(LoggerSaveConfigCallback(command.parser, command.config, overwrite=True))
+        callbacks.append(
+            LoggerSaveConfigCallback(command.parser, command.config, overwrite=True, save_to_log_dir=False)
+        )
     return callbacks
 
 

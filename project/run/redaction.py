@@ -1,11 +1,13 @@
-"""What a run may record of its command line: secrets (passwords in URLs, values of settings named like a
-secret) replaced by `***`, for run_info.json, checkpoints and every W&B run's metadata."""
+"""What a run may record of its command line and its config: secrets (passwords in URLs, values of settings
+named like a secret) replaced by `***`, for run_info.json, config.yaml, hparams.yaml, checkpoints and every W&B
+run's metadata and config."""
 
 import contextlib
 import re
 import sys
 import threading
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 #: A setting named like a secret (its last dotted part): its value never lands in a log.
 SECRET_NAME = re.compile(r"(password|passwd|secret|token|credential|(^|_)(pwd|key|apikey))s?$", re.IGNORECASE)
@@ -41,6 +43,23 @@ def redact_command(args: Sequence[str]) -> list[str]:
             continue
         out.append(URL_PASSWORD.sub(lambda m: m["head"] + REDACTED + "@", arg))
     return out
+
+
+def redact_config(tree: Any) -> Any:
+    """A config (nested dicts and lists of plain values) as it may be recorded: the values of keys named like a
+    secret, and the passwords in URLs anywhere in it, replaced by `***`; everything else as it was. Both sides
+    of a comparison between recorded configs (`--ckpt_path last` matching a run) go through here, so a run
+    given the same secret still matches."""
+    if isinstance(tree, dict):
+        return {
+            key: REDACTED if is_secret_name(str(key)) and value not in (None, "") else redact_config(value)
+            for key, value in tree.items()
+        }
+    if isinstance(tree, list | tuple):
+        return type(tree)(redact_config(value) for value in tree)
+    if isinstance(tree, str):
+        return URL_PASSWORD.sub(lambda m: m["head"] + REDACTED + "@", tree)
+    return tree
 
 
 @contextlib.contextmanager

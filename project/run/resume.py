@@ -23,6 +23,7 @@ from lightning.pytorch.loggers import CSVLogger
 from project.errors import UserError, warn
 from project.lightning_private import restore_csv_rows
 from project.run.checkpoints import load_checkpoint
+from project.run.redaction import redact_config
 from project.run.run_folder import RUNS
 
 LAST_NAME = re.compile(r"^last(-v\d+)?\.ckpt$")  # Lightning versions clashing names as last-v1.ckpt, ...
@@ -40,7 +41,12 @@ HOW_DATA_IS_READ = frozenset(
 
 def run_settings(config: dict[str, Any], whole: bool = True) -> dict[str, Any]:
     """The settings that identify a run: its config without the keys that may change on resume; or, for
-    evaluating it (`whole=False`), its network and data alone."""
+    evaluating it (`whole=False`), its network and data alone. Secrets are left out (`redact_config`): every
+    checkpoint records these."""
+    return redact_config(_run_settings(config, whole))
+
+
+def _run_settings(config: dict[str, Any], whole: bool) -> dict[str, Any]:
     if not whole:
         data = dict(config.get("data") or {})
         if isinstance(data.get("init_args"), dict):
