@@ -1,5 +1,6 @@
 from functools import partial
 from pathlib import Path
+from urllib.error import URLError
 
 import pytest
 import torch
@@ -112,6 +113,25 @@ def test_torchvision_weights_come_from_the_hub_cache(tmp_path, monkeypatch):
     assert TorchvisionNet("resnet18", num_classes=3).input_stats() is None
     with pytest.raises(ValueError, match="resnet18 has no weights 'IMAGENET1K_V9'.*IMAGENET1K_V1"):
         TorchvisionNet("resnet18", weights="IMAGENET1K_V9")
+
+
+def test_torchvision_weights_that_cannot_be_downloaded_are_one_line_naming_the_offline_routes(
+    tmp_path, monkeypatch
+):
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path))  # an empty cache: the weights must be downloaded
+
+    def no_network(url, *args, **kwargs):
+        raise URLError("[Errno -2] Name or service not known")
+
+    monkeypatch.setattr(torchvision.models._api, "load_state_dict_from_url", no_network)
+    with pytest.raises(UserError) as refused:
+        TorchvisionNet("resnet18", num_classes=3, weights="DEFAULT")
+    assert str(refused.value) == (
+        "model.net TorchvisionNet: could not download the pretrained weights of 'resnet18' (URLError: <urlopen "
+        "error [Errno -2] Name or service not known>). Without a network, download them once where there is one "
+        "and give the file with --model.net.init_args.weights_file PATH (a .safetensors or .pth state dict), or "
+        "train from scratch with --model.net.init_args.weights null"
+    )
 
 
 def lrs_by_param(optimizer: torch.optim.Optimizer) -> dict[int, tuple[float, float]]:

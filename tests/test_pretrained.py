@@ -19,7 +19,7 @@ from project.models.timm_net import TimmNet
 from project.tasks import ImageClassifier
 from project.tasks.factories import build_optimizer, scaled_max_lr
 from tests import docs_pages
-from tests.conftest import CONFIGS, ROOT
+from tests.conftest import CONFIGS, PACKAGE, ROOT, subprocess_env
 from tests.test_models import IMAGENET, backbone_learns_slower_than_the_new_head, lrs_by_param
 from tests.test_models import test_forward_backward as forward_backward
 from tests.tiny_fit import command_args
@@ -112,6 +112,36 @@ def test_layer_decay_scales_each_timm_stage_below_the_next():
     max_lrs = scaled_max_lr(schedule, optimizer)
     assert max_lrs == [g.get("lr_scale", 1.0) for g in optimizer.param_groups]
     assert min(max_lrs) == pytest.approx(0.5**top)
+
+
+def test_timm_weights_that_cannot_be_downloaded_are_one_line_at_once(tmp_path):
+    # An empty hub cache and a hub whose name does not resolve (.invalid never does): a machine offline.
+    env = {**subprocess_env(), "HF_HOME": str(tmp_path / "hf"), "HF_ENDPOINT": "https://hub.invalid"}
+    code = "from project.models.timm_net import TimmNet; TimmNet('resnet18.a1_in1k', pretrained=True)"
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert proc.returncode == 1 and proc.stderr.strip().splitlines()[-1] == (
+        "project.errors.UserError: model.net TimmNet: could not download the pretrained weights of "
+        "'resnet18.a1_in1k' (https://hub.invalid cannot be reached). Without a network, download them once "
+        "where there is one and give the file with --model.net.init_args.weights_file PATH (a .safetensors or "
+        ".pth state dict), or train from scratch with --model.net.init_args.pretrained false"
+    ).replace("project.errors", f"{PACKAGE}.errors")
+
+
+def test_timm_weights_in_the_hub_cache_load_without_the_network(tmp_path, monkeypatch):
+    # The cache-only attempt comes first: weights a first run downloaded need no network after.
+    import timm
+    from huggingface_hub import constants
+
+    calls = []
+
+    def create_model(name, pretrained=False, **kwargs):
+        calls.append((pretrained, constants.HF_HUB_OFFLINE))
+        return real(name, pretrained=False, **kwargs)
+
+    real, before = timm.create_model, constants.HF_HUB_OFFLINE
+    monkeypatch.setattr(timm, "create_model", create_model)
+    net = TimmNet(TINY_TIMM, num_classes=3, pretrained=True)
+    assert calls == [(True, True)] and constants.HF_HUB_OFFLINE is before and net.pretrained
 
 
 def test_timm_is_imported_only_by_a_run_that_uses_it():

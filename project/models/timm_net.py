@@ -3,13 +3,16 @@
 timm is imported when a `TimmNet` is built, not when this module is: a run with another network never loads it.
 """
 
+import contextlib
 import logging
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from torch import Tensor, nn
 
 from project.errors import UserError
+from project.models.downloads import DOWNLOAD_ERRORS, download_failed, unreachable
 
 
 class TimmNet(nn.Module):
@@ -72,7 +75,9 @@ class TimmNet(nn.Module):
         )
         if weights_file is None:
             # Typed loosely: timm's models carry methods (get_classifier, group_matcher) nn.Module does not declare.
-            self.net: Any = timm.create_model(name, pretrained=self.pretrained, **settings)
+            self.net: Any = (
+                _pretrained(name, settings) if self.pretrained else timm.create_model(name, **settings)
+            )
         else:
             self.net = _from_weights_file(name, Path(weights_file).expanduser(), allow_partial, settings)
         if grad_checkpointing:
@@ -108,6 +113,38 @@ class TimmNet(nn.Module):
             return {}
         ids: Any = group_parameters(self.net, self.net.group_matcher(coarse=False), reverse=True)
         return {f"net.{n}": int(i) for n, i in ids.items()}
+
+
+@contextlib.contextmanager
+def _hub_cache_only() -> Iterator[None]:
+    """The Hugging Face hub's offline mode for the block: its files come from the local cache, at once."""
+    from huggingface_hub import constants
+
+    offline, constants.HF_HUB_OFFLINE = constants.HF_HUB_OFFLINE, True
+    try:
+        yield
+    finally:
+        constants.HF_HUB_OFFLINE = offline
+
+
+def _pretrained(name: str, settings: dict[str, Any]) -> Any:
+    """`timm.create_model(name, pretrained=True)`: from the cache when the weights are there; else downloaded,
+    or one line at once where they cannot be (the hub's client would retry for most of a minute first)."""
+    import timm
+    from huggingface_hub import constants
+
+    owner, scratch = "model.net TimmNet", "--model.net.init_args.pretrained false"
+    try:
+        with _hub_cache_only():
+            return timm.create_model(name, pretrained=True, **settings)
+    except DOWNLOAD_ERRORS:
+        pass  # not in the cache (yet)
+    if not constants.HF_HUB_OFFLINE and unreachable(constants.ENDPOINT):
+        raise download_failed(owner, name, f"{constants.ENDPOINT} cannot be reached", scratch)
+    try:
+        return timm.create_model(name, pretrained=True, **settings)
+    except DOWNLOAD_ERRORS as e:
+        raise download_failed(owner, name, e, scratch) from None
 
 
 def _from_weights_file(name: str, path: Path, allow_partial: bool, settings: dict[str, Any]) -> Any:

@@ -6,6 +6,8 @@ import torch
 import torchvision
 from torch import Tensor, nn
 
+from project.models.downloads import DOWNLOAD_ERRORS, download_failed
+
 
 class TorchvisionNet(nn.Module):
     """Wraps `torchvision.models.get_model(name)` and fits its head to `num_classes`.
@@ -55,7 +57,11 @@ class TorchvisionNet(nn.Module):
                 )
             self.weights = enum[weights]
             if weights_file is None:
-                self.net = torchvision.models.get_model(name, weights=self.weights)
+                try:
+                    self.net = torchvision.models.get_model(name, weights=self.weights)
+                except DOWNLOAD_ERRORS as e:
+                    owner, scratch = "model.net TorchvisionNet", "--model.net.init_args.weights null"
+                    raise download_failed(owner, name, e, scratch) from None
             else:
                 from project.models.weights_file import load_weights_file  # (only runs that use it)
 
