@@ -214,6 +214,27 @@ def install_dry_run(venv: Path, *args: str) -> str:
     return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=60).stdout
 
 
+def test_install_on_a_python_the_lock_does_not_cover_stops_in_one_line_before_making_anything(tmp_path):
+    # An interpreter that reports CPython 3.9: the lock's hashes would fail after minutes of downloads.
+    python = tmp_path / "python3.9"
+    python.write_text(
+        f"#!/bin/sh\nexec {sys.executable} -c "
+        '\'import sys; sys.version_info = (3, 9, 18, "final", 0); exec(sys.argv[1])\' "$2"\n'
+    )
+    python.chmod(0o755)
+    venv = tmp_path / "venv"
+    command = ["make", "-f", str(ROOT / "Makefile"), f"VENV={venv}", f"PYTHON={python}", "install"]
+    proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert proc.returncode != 0 and len(errors) == 1, proc.stderr
+    supported = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["requires-python"]
+    assert errors[0].startswith(
+        f"error: constraints.txt pins CPython {supported} on Linux x86-64/aarch64 and "
+    )
+    assert "not CPython 3.9 on" in errors[0] and errors[0].endswith("(make install CONSTRAINTS=)")
+    assert not venv.exists()
+
+
 def test_install_can_skip_the_pins(tmp_path):
     # Pinned by default, pyproject's ranges with CONSTRAINTS= (what CI uses on Python versions other than the
     # one the pins were resolved on).
