@@ -6,7 +6,7 @@ behaviour each one is relied on for: a Lightning upgrade that changes one fails 
 instead of somewhere deep inside a run.
 """
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
 import lightning as L
@@ -59,6 +59,19 @@ def stop_after_this_batch(trainer: L.Trainer) -> None:
             "this Lightning version keeps no `received_sigterm`: stop_after_this_batch needs updating"
         )
     connector.received_sigterm = True
+
+
+def route_sigterm(trainer: L.Trainer, handler: Callable[[int, Any], None]) -> None:
+    """Have the SIGTERM handler Lightning installs when a fit starts (before the sanity check) call `handler`
+    in place of its own notifier, which broadcasts to the other processes from inside the handler and sets a
+    flag that stops only the process it reached: a collective the others are not running at that moment (a
+    SIGTERM to one process of a DDP run during the sanity check hung both). Called before Lightning installs it
+    (a Callback's `setup`)."""
+    connector = trainer._signal_connector
+    if not callable(getattr(connector, "_sigterm_notifier_fn", None)):
+        raise RuntimeError("this Lightning version has no SIGTERM notifier: route_sigterm needs updating")
+    # Lightning looks the notifier up on the connector when it builds its handler.
+    connector._sigterm_notifier_fn = handler  # pyright: ignore[reportAttributeAccessIssue]
 
 
 # -- resuming: the training loader's position -------------------------------------------------------------

@@ -243,6 +243,7 @@ FIT_CORE = set(
         "models",
         "models.airbench",
         "models.cifar_resnet",
+        "models.downloads",
         "models.init",
         "models.mlp",
         "models.simple_cnn",

@@ -1,11 +1,15 @@
 """Exact resume: a run stopped by SIGTERM in the middle of an epoch and continued with `--ckpt_path last` ends
 with the very weights of the run never stopped (same batches in the same order, same augmentation draws).
 
-The stop comes from a callback that sends this process SIGTERM after a given step, as a scheduler would; the
-resumed command is the same one plus `--ckpt_path last` (the callback fires only in a run started fresh).
+The building blocks and the first whole runs stop from a callback that sends this process SIGTERM after a given
+step; the runs of every shipped config, as users run it (its scheduler, precision, augmentation, EMA, loader
+workers), are stopped from outside at random moments: inside the sanity check, a step, a validation or a
+checkpoint write (tests/resume_moments.py; benchmarks/resume_moments.py tries many more moments). The resumed
+command is the same one plus `--ckpt_path last`.
 """
 
 import os
+import random
 import signal
 from pathlib import Path
 
@@ -18,6 +22,15 @@ from torch.utils.data import TensorDataset
 from project.cli import main
 from project.data.samplers import ResumableLoader, ResumableSampler, ShardSampler
 from tests.conftest import CONFIGS, run_cli
+from tests.resume_moments import (
+    TinyData,
+    check_stops,
+    choose_moments,
+    make_tiny_data,
+    shipped_configs,
+    stopped_run,
+    whole_run,
+)
 
 STOP_AT = 16 + 5  # 400 training images in batches of 25: the 6th step of the second epoch
 
@@ -42,7 +55,7 @@ def fit_args(
         "--model.net", "project.models.SimpleCNN", "--model.net.init_args.width", "8",
         "--model.optimizer", "AdamW", "--model.optimizer.init_args.lr", "0.003", "--model.scheduler", "null",
         "--data.data_dir", data, "--data.download", "false", "--data.val_size", "100", "--data.batch_size", "25",
-        "--data.cutout", "8",  # crop, flip and Cutout: augmentation draws every step
+        "--data.augment.cutout", "8",  # crop, flip and Cutout: augmentation draws every step
         "--trainer.precision", "32-true", "--trainer.max_epochs", "3", "--trainer.logger", "false",
         "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false",
         "--trainer.limit_val_batches", "2", "--trainer.default_root_dir", root,
@@ -127,7 +140,7 @@ def test_shard_sampler_gives_whole_batches_once():
 @pytest.mark.parametrize("workers", [0, 2])
 def test_a_run_stopped_mid_epoch_resumes_bit_identical(fake_cifar, tmp_path, workers):
     # TrivialAugment: per-image random draws in the loader workers too.
-    extra = ["--data.num_workers", workers, "--data.trivial_augment", "true"]
+    extra = ["--data.num_workers", workers, "--data.augment.trivial_augment", "true"]
     stop_and_resume(fit_args(fake_cifar, tmp_path / "stopped", *extra))
     main(fit_args(fake_cifar, tmp_path / "whole", *extra, stop=-1))  # the same run, never stopped
     assert_same_weights(last_weights(tmp_path / "stopped"), last_weights(tmp_path / "whole"))
@@ -135,7 +148,7 @@ def test_a_run_stopped_mid_epoch_resumes_bit_identical(fake_cifar, tmp_path, wor
 
 @pytest.mark.slow
 def test_zero_and_two_workers_train_identically(fake_cifar, tmp_path):
-    extra = ["--data.trivial_augment", "true", "--trainer.max_epochs", "1"]
+    extra = ["--data.augment.trivial_augment", "true", "--trainer.max_epochs", "1"]
     for workers in (0, 2):
         main(fit_args(fake_cifar, tmp_path / str(workers), *extra, "--data.num_workers", workers, stop=-1))
     assert_same_weights(last_weights(tmp_path / "0"), last_weights(tmp_path / "2"))
@@ -161,6 +174,25 @@ def test_a_folder_run_stopped_mid_epoch_resumes_bit_identical(image_folder, tmp_
 
 
 @pytest.mark.slow
+def test_a_run_of_one_batch_epochs_stops_and_resumes_bit_identical(image_folder, tmp_path):
+    # The 32 training images in one batch: every batch ends its epoch, so there is no batch for the stop to
+    # wait for that does not (the run used to ignore SIGTERM to its end). The signal after step 1 waits for that
+    # epoch's validation and the next batch, and the run stops at the end of that batch's epoch, step 2.
+    def args(root: Path, stop: int) -> list[str]:
+        return [*folder_args(image_folder, root, stop=stop), "--data.batch_size", "32", "--trainer.max_epochs", "4"]  # fmt: skip
+
+    with pytest.raises(SystemExit) as stopped:
+        main(args(tmp_path / "stopped", 1))
+    assert stopped.value.code == 128 + signal.SIGTERM
+    (last,) = (tmp_path / "stopped").glob("runs/version_*/checkpoints/last.ckpt")
+    # last.ckpt was saved after the second epoch's validation
+    assert torch.load(last, weights_only=True)["global_step"] == 2
+    main([*args(tmp_path / "stopped", 1), "--ckpt_path", "last"])
+    main(args(tmp_path / "whole", -1))
+    assert_same_weights(last_weights(tmp_path / "stopped"), last_weights(tmp_path / "whole"))
+
+
+@pytest.mark.slow
 def test_a_ddp_run_stopped_mid_epoch_resumes_bit_identical(fake_cifar, tmp_path):
     # Two gloo processes: 8 steps of 2 x 25 images an epoch; the stop comes at step 11, as a preemption warning
     # to rank 0 that StopAndRequeue makes every process act on at the same step. Each process restores its own
@@ -173,3 +205,43 @@ def test_a_ddp_run_stopped_mid_epoch_resumes_bit_identical(fake_cifar, tmp_path)
     run_cli(*stopped, "--ckpt_path", "last", cwd=tmp_path)
     run_cli(*fit_args(fake_cifar, tmp_path / "whole", *ddp, stop=-1, signal_name="SIGUSR1"), cwd=tmp_path)
     assert_same_weights(last_weights(tmp_path / "stopped"), last_weights(tmp_path / "whole"))
+
+
+# -- every shipped config, stopped from outside at random moments --------------------------------------------
+
+#: Random moments each config is stopped at in the test tier (benchmarks/resume_moments.py tries many more).
+MOMENTS = 3
+
+
+@pytest.fixture(scope="module")
+def tiny_data(tmp_path_factory) -> TinyData:
+    return make_tiny_data(tmp_path_factory.mktemp("shipped"))
+
+
+def stopped_from_outside(config: str, data: TinyData, base: Path, ddp: bool = False) -> None:
+    timeline = whole_run(config, data, base / "whole", ddp)
+    rng = random.Random(f"{config}:{ddp}")  # seeded by the config: the same moments on every machine
+    # Under DDP one moment is always in the sanity check, where Lightning's own handler is in place.
+    moments = choose_moments(timeline, MOMENTS, rng, ranks=2 if ddp else 1, first=("sanity",) if ddp else ())
+    print(f"{config}: stopped at {', '.join(map(str, moments))}")
+    segments, differences = stopped_run(config, data, base / "stopped", moments, base / "whole", ddp)
+    check_stops(segments)
+    # The run waits for each signal (Progress) and each moment is one a stop can follow: every one stops it.
+    assert [s.moment for s in segments if s.stopped] == moments, [
+        (str(s.moment), s.returncode) for s in segments
+    ]
+    assert not differences, f"{len(differences)} differences after stops at {moments}: {differences[:8]}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("config", shipped_configs())
+def test_every_shipped_config_stopped_from_outside_resumes_bit_identical(config, tiny_data, tmp_path):
+    stopped_from_outside(config, tiny_data, tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("config", [c for c in ("folder.yaml", "callbacks/ema.yaml", "streaming.yaml")
+                                    if c in shipped_configs()])  # fmt: skip
+def test_shipped_configs_under_ddp_stopped_from_outside_resume_bit_identical(config, tiny_data, tmp_path):
+    # A signal to either process, at a random moment of either one's step: both stop after the same batch.
+    stopped_from_outside(config, tiny_data, tmp_path, ddp=True)

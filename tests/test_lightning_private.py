@@ -238,6 +238,31 @@ def test_stop_after_this_batch_stops_after_the_batchs_callbacks_through_the_sigt
     assert seen == [1, 2] and t.global_step == 2 and t.received_sigterm
 
 
+def test_route_sigterm_has_lightnings_handler_call_the_given_one_in_place_of_its_notifier(tmp_path):
+    import os
+    import signal
+
+    got, lightning_flag = [], []
+
+    class SignalledInTheSanityCheck(Callback):
+        def setup(self, trainer, pl_module, stage):
+            private.route_sigterm(trainer, lambda signum, frame: got.append(signum))
+
+        def on_sanity_check_start(self, trainer, pl_module):
+            os.kill(
+                os.getpid(), signal.SIGTERM
+            )  # Lightning's handler is in place from before the sanity check
+            lightning_flag.append(trainer.received_sigterm)
+
+    before = signal.getsignal(signal.SIGTERM)
+    t = trainer(tmp_path, [SignalledInTheSanityCheck()], max_epochs=1)
+    t.fit(
+        Tiny()
+    )  # Lightning's notifier would have set its flag and stopped the sanity check: SIGTERMException
+    assert got == [signal.SIGTERM] and lightning_flag == [False] and t.global_step == 4
+    assert signal.getsignal(signal.SIGTERM) == before  # Lightning put back the handler it found
+
+
 class PositionLoader:
     """Four batches with a resumable position: `state_dict` counts the batches handed out this epoch."""
 

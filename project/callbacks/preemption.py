@@ -57,8 +57,9 @@ class StopTogether(Callback):
     The handler is in place from the start of training to its end. A signal during validation takes effect
     after the next training batch. One that comes during an epoch's last batch waits for the epoch's
     validation and its checkpoint, and the run stops after the next batch (a checkpoint written between an
-    epoch's last batch and its validation would skip that validation on resume); in the last epoch, the run
-    just finishes.
+    epoch's last batch and its validation would skip that validation on resume), or, where the next check
+    comes at an epoch's last batch too (epochs of one batch, or of `check_every_n_batches` batches), after
+    that epoch's validation and checkpoint. In the last epoch, the run just finishes.
 
     Args:
         check_every_n_batches: How often the processes agree on the flags (one all-reduce of one number); a
@@ -75,9 +76,15 @@ class StopTogether(Callback):
                 f"{type(self).__name__} check_every_n_batches must be >= 1, got {check_every_n_batches}"
             )
         self.check_every_n_batches = check_every_n_batches
+        self._before: dict[signal.Signals, Any] = {}
+        self._reset()
+
+    def _reset(self) -> None:
         self.received = 0  # set by the handler in this process: 1 + the index of the signal in signal_names
         self.stopped_by: str | None = None  # the signal every process agreed to stop for
-        self._before: dict[signal.Signals, Any] = {}
+        self._batches = 0  # training batches run in this fit (the same number on every process)
+        self._agreed = 0  # the flags every process agreed on, at an epoch's last batch: the stop waits
+        self._at_epoch_end = False  # the wait reached an epoch's last batch again: stop at that epoch's end
 
     # -- the handler: a flag, nothing else (it may run in the middle of any computation or collective) --------
 
@@ -85,13 +92,21 @@ class StopTogether(Callback):
         code = 1 + self.signal_names.index(signal.Signals(signum).name)
         self.received = max(self.received, code)
 
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if stage != "fit":
+            return
+        self._reset()
+        # From the moment Lightning installs its SIGTERM handler (after the model is set up, before the sanity
+        # check) to the start of training, its handler sets this flag too, and every process acts on it after
+        # the first training batch.
+        private.route_sigterm(trainer, self._on_signal)
+
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # A run resumed from the stop continues at the batch after it, whenever its loader was created.
         private.load_pending_train_loader_state(trainer)
         # From here to the end of training, in place of Lightning's handlers (Lightning, which saves the
         # process's handlers before this hook and restores them after the run, gets its own back then).
         if threading.current_thread() is threading.main_thread():  # the only thread that may set handlers
-            self.received, self.stopped_by = 0, None
             for name in self.signal_names:
                 self._before[signal.Signals[name]] = signal.signal(signal.Signals[name], self._on_signal)
 
@@ -108,7 +123,9 @@ class StopTogether(Callback):
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        if self.stopped_by or (batch_idx + 1) % self.check_every_n_batches:
+        # Counted here, not by batch_idx: an epoch shorter than check_every_n_batches would never be checked.
+        self._batches += 1
+        if self.stopped_by or self._batches % self.check_every_n_batches:
             return
         # Every process runs this all-reduce at every check, signalled or not: the flag stays set until the stop.
         flag = torch.tensor(self.received, device=trainer.strategy.root_device)
@@ -116,21 +133,46 @@ class StopTogether(Callback):
         if not code:
             return
         if private.ends_epoch(trainer):
-            return  # after this epoch's validation and checkpoint: the next batch stops
+            # After this epoch's validation and checkpoint: the next check stops, unless it too comes at an
+            # epoch's last batch (epochs of one batch): then the stop comes at that epoch's end. Every process
+            # takes the same branch (the same flags, the same batch).
+            self._at_epoch_end = bool(self._agreed)
+            self._agreed = code
+            return
+        self._stop(trainer, code, f"after step {trainer.global_step}")
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # After the epoch's validation and the checkpoints it saved; Lightning raises SIGTERMException once the
+        # epoch's end is done (its loop state then saved says the epoch is complete; last.ckpt, written after the
+        # validation, resumes at the epoch's end). Where training ends with this epoch anyway, it just finishes.
+        if self._at_epoch_end and not self.stopped_by and not _training_ends_with_this_epoch(trainer):
+            self._stop(
+                trainer,
+                self._agreed,
+                f"at the end of epoch {trainer.current_epoch} (step {trainer.global_step})",
+            )
+
+    def _stop(self, trainer: L.Trainer, code: int, where: str) -> None:
         self.stopped_by = self.signal_names[code - 1]
         if self.stopped_by != "SIGTERM":  # SIGTERM keeps what interrupts recorded (Ctrl-C arrives as one)
             interrupts.stopped_by = self.stopped_by
-        rank_zero_info(
-            f"{interrupts.stopped_by}: every process stops after step {trainer.global_step} and saves last.ckpt"
-        )
-        # Lightning stops after this batch, on every process alike, and BestAndLastCheckpoint (called after
-        # this callback) saves last.ckpt first.
+        rank_zero_info(f"{interrupts.stopped_by}: every process stops {where} and saves last.ckpt")
+        # Lightning stops after this batch (or this epoch's end), on every process alike, and
+        # BestAndLastCheckpoint (called after this callback) saves last.ckpt first, unless this step's is saved.
         private.stop_after_this_batch(trainer)
 
     def on_exception(
         self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException
     ) -> None:
         self._restore()
+
+
+def _training_ends_with_this_epoch(trainer: L.Trainer) -> bool:
+    """At an epoch's end: whether training stops after it (max_epochs, max_steps, or a stop asked for)."""
+    max_epochs = trainer.max_epochs
+    if max_epochs is not None and 0 <= max_epochs <= trainer.current_epoch + 1:
+        return True
+    return 0 <= trainer.max_steps <= trainer.global_step or trainer.should_stop
 
 
 class StopAndRequeue(StopTogether):

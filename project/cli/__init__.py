@@ -77,7 +77,9 @@ def main(args: list[str] | None = None) -> None:
             interrupts.resume_hint()
         )  # None in a fold or trial: cv or tune names the command that continues
         if hint:
-            print(f"error: stopped by {interrupts.stopped_by}; {hint}", file=sys.stderr)
+            # One write of the whole line: every process of a run says it, and print's two writes (the text,
+            # then the newline) on an unbuffered stderr let the processes' lines run into each other.
+            sys.stderr.write(f"error: stopped by {interrupts.stopped_by}; {hint}\n")
         sys.exit(code)
     except MisconfigurationException as exc:  # Lightning's word for settings it refuses: each names its key
         finish_runs(1)
