@@ -9,7 +9,7 @@ import pytest
 
 from project.run.redaction import REDACTED, redact_config
 from tests.conftest import run_cli
-from tests.folder_fits import tiny_folder, tiny_fit_args
+from tests.folder_fits import tiny_fit_args, tiny_folder
 
 PASSWORD = "Hunter2Secret"
 
