@@ -23,7 +23,9 @@ class LoggerSaveConfigCallback(SaveConfigCallback):
                 text = self.parser.dump(self.config, skip_unset=False, skip_validation=True)
                 plain = yaml.safe_load(text)
                 if (redacted := redact_config(plain)) != plain:
-                    text = yaml.safe_dump(redacted, sort_keys=False, allow_unicode=True, default_flow_style=False)
+                    text = yaml.safe_dump(
+                        redacted, sort_keys=False, allow_unicode=True, default_flow_style=False
+                    )
                 atomic_write_text(Path(log_dir) / self.config_filename, text)
         super().setup(trainer, pl_module, stage)  # (built with save_to_log_dir=False: the loggers' copy only)
 
