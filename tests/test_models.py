@@ -64,6 +64,12 @@ def test_init_zeroes_last_bn_of_each_residual_block():
 def test_torchvision_unknown_name_is_clear():
     with pytest.raises(ValueError, match="unknown model name 'resnet19'.*resnet18"):
         TorchvisionNet("resnet19")
+    # A torchvision classifier whose head is no linear layer (SqueezeNet's is a convolution): said, not a bare
+    # StopIteration.
+    with pytest.raises(
+        ValueError, match="SqueezeNet has no linear classifier .* choose a model that ends in one"
+    ):
+        TorchvisionNet("squeezenet1_0")
 
 
 def test_replace_head_fits_num_classes():

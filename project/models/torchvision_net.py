@@ -90,7 +90,14 @@ class TorchvisionNet(nn.Module):
 
 
 def _last_linear(net: nn.Module) -> tuple[str, nn.Linear]:
-    return next((n, m) for n, m in reversed(list(net.named_modules())) if isinstance(m, nn.Linear))
+    """The network's last `nn.Linear` (its classifier), by name; the head this wrapper fits and names."""
+    found = next(((n, m) for n, m in reversed(list(net.named_modules())) if isinstance(m, nn.Linear)), None)
+    if found is None:  # SqueezeNet's classifier is a convolution
+        raise ValueError(
+            f"TorchvisionNet: {type(net).__name__} has no linear classifier (nn.Linear) to fit to the data's "
+            "classes; choose a model that ends in one (resnet18, efficientnet_b0, convnext_tiny, ...)"
+        )
+    return found
 
 
 def _replace_head(net: nn.Module, num_classes: int) -> None:
