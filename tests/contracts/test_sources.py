@@ -1,0 +1,218 @@
+"""The data seam's contract: every DataModule in SOURCES, on tiny generated data, reads nothing when it is built
+(the data -> model links read it on first use), says its class names, kind of target and input shape, gives
+training batches that `transform_batch` makes normalised float images of the input shape with targets as its kind
+encodes them, gives validation, test and prediction batches, and keeps in its `state_dict` what a checkpoint needs
+to prepare images and read outputs as training did.
+
+A new source is one entry in SOURCES; `python -m pytest tests/contracts` then checks it."""
+
+import contextlib
+import io
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+
+from project.data import (
+    CIFARDataModule,
+    ImageCSVDataModule,
+    ImageDataModule,
+    ImageFilesDataModule,
+    ImageFolderDataModule,
+)
+from project.data.targets import Classes, Tags, TargetKind, Values, kind_named
+from tests.contracts import tiny_data
+
+#: Loader settings of every source here: small batches, in this process.
+LOADER = {"batch_size": 4, "num_workers": 0}
+
+
+def files(root: Path, **settings) -> dict:
+    """The settings of a source of image files: 8-pixel images, the cache beside `root` (not in the home folder)."""
+    return {"image_size": 8, "cache_dir": str(root.parent / "cache"), **LOADER, **settings}
+
+
+@dataclass(frozen=True)
+class Source:
+    """A DataModule built on the folder `root` (before anything is there), the tiny data it reads written into
+    `root`, and the kind of target it gives."""
+
+    id: str
+    kind: type[TargetKind]
+    build: Callable[[Path], ImageDataModule]
+    write: Callable[[Path], None]
+
+
+# part: streaming
+#: The folder of this test run that xdist's workers share (`_run_folder`): costly data is made there once.
+RUN_FOLDER: list[Path] = []
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _run_folder(tmp_path_factory, request) -> None:
+    base = tmp_path_factory.getbasetemp()  # a worker's own folder is inside the run's
+    RUN_FOLDER[:] = [base.parent if hasattr(request.config, "workerinput") else base]
+
+
+def prepared_chunks(root: Path) -> None:
+    """A class folder converted into litdata chunks by `prepare`, as a user makes them, copied to `root`. Made
+    once per test run: `prepare` starts worker processes, which takes seconds."""
+    import shutil
+
+    from filelock import FileLock
+
+    from project.cli import main
+    from tests.conftest import CONFIGS
+
+    shared = RUN_FOLDER[0] / "contract-streaming"
+    with FileLock(f"{shared}.lock"):
+        if not (shared / "chunks" / "streaming.json").is_file():
+            tiny_data.class_folder(shared / "images")
+            main(["prepare", "--config", str(CONFIGS / "folder.yaml"), "--data.root", str(shared / "images"),
+                  "--data.cache_dir", str(shared / "cache"), "--output_dir", str(shared / "chunks"), "--size", "16",
+                  "--num_workers", "1"])  # fmt: skip
+    shutil.copytree(shared / "chunks", root)
+
+
+def streaming(root: Path) -> ImageDataModule:
+    pytest.importorskip("litdata", reason="streaming is an optional extra: pip install -e '.[streaming]'")
+    from project.data.streaming import StreamingImageDataModule
+
+    return StreamingImageDataModule(str(root), image_size=8, **LOADER)
+
+
+# /part: streaming
+
+
+#: Every source the template ships, on each kind of target it gives. A new one is a line here.
+SOURCES = [
+    Source("CIFAR", Classes, lambda root: CIFARDataModule(data_dir=str(root), download=False, val_size=20, **LOADER),
+           tiny_data.cifar),
+    Source("class-folder", Classes, lambda root: ImageFolderDataModule(str(root), **files(root)),
+           tiny_data.class_folder),
+    Source("csv-classes", Classes, lambda root: ImageCSVDataModule(str(root / "labels.csv"), **files(root)),
+           tiny_data.classes_csv),
+    Source("csv-tags", Tags,
+           lambda root: ImageCSVDataModule(str(root / "tags.csv"), multilabel=True, **files(root, val_fraction=0.25)),
+           tiny_data.tags_csv),
+    Source("csv-values", Values, lambda root: ImageCSVDataModule(str(root / "values.csv"), values=True, **files(root)),
+           tiny_data.values_csv),
+    # part: streaming
+    Source("streaming", Classes, streaming, prepared_chunks),
+    # /part: streaming
+]  # fmt: skip
+
+
+def test_every_shipped_source_is_in_the_list(tmp_path):
+    import project.data
+
+    bases = {ImageDataModule, ImageFilesDataModule}  # what a source subclasses, not sources themselves
+    shipped = {getattr(project.data, name) for name in project.data.__all__} - bases
+    listed = set()
+    for source in SOURCES:
+        # (an optional part's source without its extra installed is skipped, and not listed)
+        with contextlib.suppress(pytest.skip.Exception):
+            listed.add(type(source.build(tmp_path / source.id)))  # building reads nothing: cheap
+    missing = {cls.__name__ for cls in shipped} - {cls.__name__ for cls in listed}
+    assert not missing, f"add {sorted(missing)} to SOURCES"
+
+
+@pytest.fixture(params=SOURCES, ids=lambda s: s.id)
+def source(request) -> Source:
+    return request.param
+
+
+@pytest.fixture
+def data(source, tmp_path) -> ImageDataModule:
+    """The source built on its folder, then its tiny data written there."""
+    root = tmp_path / "data"
+    built = source.build(root)
+    source.write(root)
+    return built
+
+
+def assert_targets_of_kind(y: torch.Tensor, kind: TargetKind, batch: int) -> None:
+    """`y` is what `kind.encode` makes of `batch` labels: its dtype, its shape; and MixUp can mix it."""
+    encoded = kind.encode([])
+    assert y.dtype == encoded.dtype and y.shape == (batch, *encoded.shape[1:]), (y.dtype, y.shape)
+    assert kind.mixable(y).shape == (batch, kind.outputs)  # (one-hot rows: a class index out of range raises)
+
+
+def assert_normalised(x: torch.Tensor, data: ImageDataModule, batch: int) -> None:
+    """Float images of the input shape, normalised by the source's own mean and std from [0, 1] pixels."""
+    assert x.dtype == torch.float32 and x.shape == (batch, *data.input_shape), (x.dtype, x.shape)
+    mean, std = (torch.tensor(v).view(1, -1, 1, 1) for v in (data.mean, data.std))
+    pixels = x * std + mean
+    assert pixels.min() >= -1e-4 and pixels.max() <= 1 + 1e-4, (float(pixels.min()), float(pixels.max()))
+    assert pixels.std() > 0  # an image, not a constant
+
+
+def test_building_reads_and_writes_nothing_until_first_use(source, tmp_path):
+    root = tmp_path / "data"
+    built = source.build(root)  # nothing there yet: the data -> model links read it later, on first use
+    assert list(tmp_path.iterdir()) == [], "building the DataModule wrote files"
+    source.write(root)
+    assert built.class_names and built.targets == source.kind(tuple(built.class_names))
+
+
+def test_says_its_names_kind_and_input_shape(data, source):
+    names = data.class_names
+    assert isinstance(names, list) and names and all(isinstance(n, str) for n in names)
+    assert len(set(names)) == len(names)
+    kind = data.targets
+    assert type(kind) is source.kind and kind.names == tuple(names)
+    assert data.num_classes == kind.outputs
+    shape = data.input_shape
+    assert len(shape) == 3 and shape[0] == 3 and all(isinstance(s, int) and s > 0 for s in shape), shape
+
+
+def test_a_training_batch_becomes_normalised_images_and_targets_of_its_kind(data):
+    data.setup("fit")
+    x, y, *_ = batch = next(iter(data.train_dataloader()))
+    size = LOADER["batch_size"]
+    assert x.dtype == torch.uint8 and x.ndim == 4 and len(x) == size, (x.dtype, x.shape)
+    assert_targets_of_kind(y, data.targets, size)
+    images, targets, *own = data.transform_batch(tuple(batch), train=True)
+    assert images.dtype == torch.float32 and images.shape == (size, *data.input_shape)
+    assert images.isfinite().all()
+    if own:  # a mixed batch (MixUp/CutMix): soft rows, then each image's own targets
+        assert_targets_of_kind(own[0], data.targets, size)
+    else:
+        assert_targets_of_kind(targets, data.targets, size)
+    evaluated, _ = data.transform_batch((x, y), train=False)
+    assert_normalised(evaluated, data, size)
+
+
+def test_gives_validation_test_and_prediction_batches(data):
+    for stage in ("fit", "test", "predict"):
+        data.setup(stage)
+    for loader in (data.val_dataloader(), data.test_dataloader()):
+        x, y = next(iter(loader))
+        assert x.dtype == torch.uint8 and len(y) == len(x)
+        assert_targets_of_kind(y, data.targets, len(x))
+        assert_normalised(data.transform_batch((x, y), train=False)[0], data, len(x))
+    x, index = next(iter(data.predict_dataloader()))  # each image with its place in the prediction set
+    assert x.dtype == torch.uint8 and index.dtype == torch.int64 and index.shape == (len(x),)
+    assert_normalised(data.transform_batch((x, index), train=False)[0], data, len(x))
+    count = len(data.predict_set)  # pyright: ignore[reportArgumentType]
+    assert len(data.predict_names) == count and all(0 <= int(i) < count for i in index)
+
+
+def test_state_dict_holds_what_a_checkpoint_needs(data, source, tmp_path):
+    data.setup("fit")  # (a source that measures its mean and std does it here)
+    state = data.state_dict()
+    assert state["class_names"] == data.class_names
+    assert state["targets"] == data.targets.kind
+    assert kind_named(state["targets"], state["class_names"]) == data.targets  # deployment rebuilds the kind
+    assert state["mean"] == list(data.mean) and state["std"] == list(data.std)
+    assert len(state["mean"]) == len(state["std"]) == data.input_shape[0] and all(s > 0 for s in state["std"])
+    assert state["source_size"] >= data.input_shape[1]
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    buffer.seek(0)
+    assert torch.load(buffer, weights_only=True) == state  # as a checkpoint stores it, and loads it safely
+    fresh = source.build(tmp_path / "data")
+    fresh.load_state_dict(state)  # evaluating from a checkpoint prepares images as training did
+    assert tuple(fresh.mean) == tuple(data.mean) and tuple(fresh.std) == tuple(data.std)
