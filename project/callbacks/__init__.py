@@ -26,14 +26,14 @@ from project.callbacks.preemption import StopAndRequeue, StopTogether
 
 #: Callbacks imported only when a config or command names them: class name -> module.
 OPTIONAL = {
-    "CUDAMemoryRecorder": "project.callbacks.debug.memory",
-    "ScheduledProfiler": "project.callbacks.debug.profiler",
-    "ImageThroughputMonitor": "project.callbacks.diagnostics.throughput",
-    "UpdateRatioMonitor": "project.callbacks.diagnostics.update_ratio",
-    "Lookahead": "project.callbacks.lookahead",
-    "MaxBatchSizeFinder": "project.callbacks.tuning.batch_size_finder",
-    "LRFinder": "project.callbacks.tuning.lr_finder",
-    "PatchWhiteningInit": "project.callbacks.whitening",
+    "CUDAMemoryRecorder": f"{__name__}.debug.memory",
+    "ScheduledProfiler": f"{__name__}.debug.profiler",
+    "ImageThroughputMonitor": f"{__name__}.diagnostics.throughput",
+    "UpdateRatioMonitor": f"{__name__}.diagnostics.update_ratio",
+    "Lookahead": f"{__name__}.lookahead",
+    "MaxBatchSizeFinder": f"{__name__}.tuning.batch_size_finder",
+    "LRFinder": f"{__name__}.tuning.lr_finder",
+    "PatchWhiteningInit": f"{__name__}.whitening",
 }
 
 

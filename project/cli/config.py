@@ -22,7 +22,7 @@ from jsonargparse import ActionConfigFile, ArgumentParser, Namespace  # pyright:
 from lightning.pytorch import Callback, Trainer
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
-from project import SUBCOMMANDS, USAGE
+from project import PACKAGE, SUBCOMMANDS, USAGE
 from project.cli.config_checks import before_parsing, load_yaml, parse_error_line
 from project.cli.lightning_notices import quiet_lightning_notices
 from project.cli.tool_args import config_files
@@ -47,7 +47,7 @@ TRAINER_DEFAULTS: dict[str, Any] = {
         # Offline unless WANDB_MODE=online (or `offline: false` in a config): no account, no network needed.
         # Lightning's WandbLogger, its run started in the background (off the path to the first step).
         {
-            "class_path": "project.loggers.wandb.WandbLogger",
+            "class_path": f"{PACKAGE}.loggers.wandb.WandbLogger",
             "init_args": {"save_dir": DEFAULT_ROOT_DIR, "project": "lightning-template", "offline": True},
         },
     ],

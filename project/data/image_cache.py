@@ -32,7 +32,9 @@ SAMPLED_CHUNKS = 64
 
 
 def default_cache_dir() -> Path:
-    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "project" / "images"
+    # Under the package's own name: a project renamed from the template keeps a cache of its own.
+    package = __name__.partition(".")[0]
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / package / "images"
 
 
 def file_stamps(files: Sequence[str | Path]) -> list[tuple[int, int]]:

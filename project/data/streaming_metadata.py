@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from project import USAGE
 from project.data.images import IMAGE_EXTENSIONS
 from project.errors import UserError
 from project.run.redaction import REDACTED, URL_PASSWORD
@@ -189,11 +190,11 @@ def _not_prepared(folder: Path) -> str:
         "litdata chunks without the metadata prepare writes last (another tool's dataset, or an interrupted "
         "prepare of an earlier version)"
         if (folder / "train" / "index.json").is_file()
-        else "not a dataset made by `python -m project prepare`"
+        else f"not a dataset made by `{USAGE} prepare`"
     )
     return (
-        f"data.input_dir {folder} has no {METADATA}: {what}; prepare the images into a new folder (python -m "
-        f"project prepare --config CONFIG --data.root IMAGES --output_dir {new}) and pass that as --data.input_dir"
+        f"data.input_dir {folder} has no {METADATA}: {what}; prepare the images into a new folder ({USAGE} "
+        f"prepare --config CONFIG --data.root IMAGES --output_dir {new}) and pass that as --data.input_dir"
     )
 
 

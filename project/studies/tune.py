@@ -48,6 +48,7 @@ from project.studies.trial_pruning import (
     STORAGE_ENV,
     TRIAL_ENV,
     Pruner,
+    TrialPruning,
     make_pruner,
 )
 from project.studies.trial_states import (
@@ -195,7 +196,7 @@ def tune(
         else:
             trial.set_user_attr(INTERRUPTED_ATTR, False)
         callback = {  # the trial's number comes through the environment: a continued trial's config is the same
-            "class_path": "project.studies.trial_pruning.TrialPruning",
+            "class_path": f"{TrialPruning.__module__}.{TrialPruning.__qualname__}",
             "init_args": {"study_name": study_name, "monitor": space.metric}
             | {"pruner": pruner, "startup_trials": pruner_startup_trials, "warmup": pruner_warmup},
         }
