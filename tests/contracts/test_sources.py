@@ -59,15 +59,16 @@ def _run_folder(tmp_path_factory, request) -> None:
 def prepared_chunks(root: Path) -> None:
     """A class folder converted into litdata chunks by `prepare`, as a user makes them, copied to `root`. Made
     once per test run: `prepare` starts worker processes, which takes seconds."""
+    import fcntl
     import shutil
-
-    from filelock import FileLock
 
     from project.cli import main
     from tests.conftest import CONFIGS
 
     shared = RUN_FOLDER[0] / "contract-streaming"
-    with FileLock(f"{shared}.lock"):
+    shared.parent.mkdir(parents=True, exist_ok=True)
+    with open(f"{shared}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one test worker prepares; the other waits for it
         if not (shared / "chunks" / "streaming.json").is_file():
             tiny_data.class_folder(shared / "images")
             main(["prepare", "--config", str(CONFIGS / "folder.yaml"), "--data.root", str(shared / "images"),
