@@ -320,6 +320,7 @@ def test_continuing_a_finished_run_names_the_limit_that_ended_it(fake_cifar, tmp
     assert f"nothing was trained. To train longer, raise {named}" in err, err[-2000:]
 
 
+@pytest.mark.slow
 def test_predict_names_every_unreadable_image_or_leaves_them_all_out(tmp_path, capsys):
     for name in ("a", "b"):
         save_images(tmp_path / "images" / name, 6, (16, 16))

@@ -75,6 +75,7 @@ def remove_class(images: Path) -> str:
 
 
 @pytest.mark.parametrize("change", [rename_class, add_class, remove_class])
+@pytest.mark.slow
 def test_resuming_onto_other_classes_is_refused_and_touches_nothing(change, tmp_path, capsys):
     images, ckpt = trained_run(tmp_path, capsys)
     difference = change(images)
@@ -125,6 +126,7 @@ def test_resuming_onto_the_same_classes_continues(tmp_path, capsys):
     assert torch.load(ckpt, weights_only=True)["global_step"] > recorded["global_step"]
 
 
+@pytest.mark.slow
 def test_init_from_fine_tunes_onto_other_classes(tmp_path, capsys):
     images, ckpt = trained_run(tmp_path, capsys)
     rename_class(images)
@@ -144,6 +146,7 @@ def test_init_from_fine_tunes_onto_other_classes(tmp_path, capsys):
     assert body and all(torch.equal(old["state_dict"][k], tuned["state_dict"][k]) for k in body)
 
 
+@pytest.mark.slow
 def test_init_from_a_checkpoint_of_another_network_is_one_line(tmp_path, capsys):
     images, ckpt = trained_run(tmp_path, capsys)
     other = folder_fit(images, tmp_path, "--model.init_from", ckpt, "--model.net.init_args.width", "8")
@@ -152,6 +155,7 @@ def test_init_from_a_checkpoint_of_another_network_is_one_line(tmp_path, capsys)
     assert errors[0].startswith(f"error: model.init_from {ckpt}: ") and "of another shape" in errors[0]
 
 
+@pytest.mark.slow
 def test_a_checkpoint_that_records_no_classes_still_resumes(tmp_path, capsys):
     images, ckpt = trained_run(tmp_path, capsys)
     checkpoint = torch.load(ckpt, weights_only=True)
@@ -216,6 +220,7 @@ def test_an_ema_fit_from_a_checkpoint_without_average_says_so_in_one_line(fake_c
     )
 
 
+@pytest.mark.slow
 def test_ema_on_one_side_of_a_resume_with_the_shipped_config_is_one_warning_line(tmp_path, capsys):
     ema = ["--config", str(CONFIGS / "callbacks" / "ema.yaml")]
     images, ckpt = trained_run(tmp_path, capsys, *ema)

@@ -224,6 +224,7 @@ def test_scan_finds_images_in_sorted_order_with_their_stamps(tmp_path):
     assert scan.stamps == [(p.stat().st_size, p.stat().st_mtime_ns) for p in expected]
 
 
+@pytest.mark.slow
 def test_building_the_image_cache_leaves_the_global_generator_alone(tmp_path):
     """A run that builds the cache must draw the same random numbers afterwards as one that finds it built."""
     from project.data.image_cache import ImageCache, sampled_mean_std

@@ -46,6 +46,7 @@ def modules() -> set[str]:
     return names
 
 
+@pytest.mark.slow
 def test_every_page_and_docstring_reads_without_a_warning(tmp_path):
     docs = docs_copy(tmp_path / "repo")
     sphinx_build(docs, "dummy", tmp_path / "out")

@@ -109,6 +109,7 @@ def ema_commands() -> list[str]:
 
 
 @pytest.mark.parametrize("command", ema_commands())
+@pytest.mark.slow
 def test_the_documented_ema_commands_train_with_an_average(command, image_folder, tmp_path):
     args = command_args(command.replace("path/to/images", str(image_folder)))
     main([

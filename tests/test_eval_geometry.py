@@ -67,6 +67,7 @@ def test_the_checkpoint_says_how_evaluation_cut_its_images(cropped_run, tmp_path
 
 
 # part: compression
+@pytest.mark.slow
 def test_quantize_measures_the_accuracy_test_measures(cropped_run, tmp_path, capsys):
     from project.export.quantize import quantize
 

@@ -79,6 +79,7 @@ def test_export_all_formats(trained_run, tmp_path):
         np.testing.assert_allclose(session.run(None, {"input": x.numpy()})[0], expected, atol=1e-4)
 
 
+@pytest.mark.slow
 def test_failed_export_writes_nothing(trained_run, tmp_path, capsys):
     out = tmp_path / "never"
     with pytest.raises(UserError, match=r"differs from eager by up to .* above the tolerance --atol 1e-12"):
@@ -141,6 +142,7 @@ def test_torchscript_falls_back_to_trace_with_a_reason(tmp_path):
         torch.testing.assert_close(torch.jit.load(str(tmp_path / "m.pt"))(x), net(x))
 
 
+@pytest.mark.slow
 def test_the_aoti_package_runs_any_batch_as_eager_does_and_model_json_records_it(exported_aoti, trained_run):
     meta, pre = read_metadata(exported_aoti)
     assert set(meta["files"]) == {"aoti"} and meta["files"]["aoti"]["path"] == "model.pt2"

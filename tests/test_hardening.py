@@ -70,6 +70,7 @@ def test_a_bomb_in_a_class_folder_is_named_or_left_out(image_folder, tmp_path, c
     assert len(data.train_set) + len(data.val_set) == 36
 
 
+@pytest.mark.slow
 def test_a_user_error_raised_in_a_dataloader_worker_is_its_own_line(image_folder, tmp_path, capsys):
     """A bad image met during `predict` in a worker process: PyTorch raises it again in the main process with the
     worker's traceback as its message; the CLI prints the one line."""
@@ -115,6 +116,7 @@ def _claim(root: str) -> str:
     return claim_run_folder(root).name
 
 
+@pytest.mark.slow
 def test_runs_started_at_once_claim_different_folders(tmp_path):
     with multiprocessing.get_context("spawn").Pool(6) as pool:
         names = pool.map(_claim, [str(tmp_path)] * 12)

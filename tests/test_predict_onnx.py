@@ -62,6 +62,7 @@ def test_image_folder_of_any_size_matches_checkpoint_predict(trained_run, export
     assert [onnx[k]["class_index"] for k in ckpt] == [ckpt[k]["class_index"] for k in ckpt]
 
 
+@pytest.mark.slow
 def test_an_aoti_package_predicts_what_the_onnx_model_does(exported, exported_aoti, tmp_path):
     folder = make_image_folder(tmp_path / "images", classes=3, per_class=4, extras=False)  # sizes and modes
     predict_onnx(str(exported), str(folder), output=str(tmp_path / "onnx.csv"), batch_size=5)

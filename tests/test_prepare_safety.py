@@ -120,6 +120,7 @@ def test_an_output_in_a_csvs_folder_or_at_cifars_folder_is_refused(images, tmp_p
     assert not (tmp_path / "cifar-10-batches-py").exists()
 
 
+@pytest.mark.slow
 def test_an_overwrite_stopped_midway_leaves_the_old_dataset_whole(images, tmp_path, monkeypatch):
     out = tmp_path / "prepared"
     main(prepare_args(images, out))
@@ -140,6 +141,7 @@ def test_an_overwrite_stopped_midway_leaves_the_old_dataset_whole(images, tmp_pa
     assert hidden_leftovers(tmp_path) == []
 
 
+@pytest.mark.slow
 def test_a_second_prepare_into_the_same_folder_is_locked_out(images, tmp_path, capsys):
     out = tmp_path / "prepared"
     lock = tmp_path / ".prepared.prepare.lock"
@@ -168,6 +170,7 @@ def test_a_second_prepare_into_the_same_folder_is_locked_out(images, tmp_path, c
     assert hidden_leftovers(tmp_path) == [lookalike.name]
 
 
+@pytest.mark.slow
 def test_each_prepare_has_litdata_working_folders_of_its_own(images, tmp_path, monkeypatch):
     # litdata's optimize empties its working folders as it starts, by default the same ones for every prepare on
     # the machine: a second prepare would delete the chunks a first one has not uploaded yet.
@@ -238,6 +241,7 @@ def test_a_full_or_read_only_disk_is_one_line_and_leaves_nothing(
 # 36 images prepared take 7 pages of a tmpfs, their training chunk 6: a disk of 7 pages is full at the first
 # chunk, one of 10 (the lock file's page and the chunk's) after it, where litdata's writer fails unsaid.
 @pytest.mark.parametrize("size", ["28k", "40k"])
+@pytest.mark.slow
 def test_prepare_onto_a_disk_that_fills_up_is_the_full_disk_line_and_leaves_nothing(
     tmp_path, capsys, monkeypatch, size
 ):
@@ -280,6 +284,7 @@ def no_space_left(item) -> dict:
     raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), "/data/chunk-0-0.bin")
 
 
+@pytest.mark.slow
 def test_a_full_disk_in_a_worker_process_is_one_line_and_leaves_nothing(
     images, tmp_path, capsys, monkeypatch
 ):
@@ -369,6 +374,7 @@ def write_slow_images(root: Path, per_class: int) -> None:
             )
 
 
+@pytest.mark.slow
 def test_sigterm_from_outside_stops_prepare_in_one_line_and_leaves_nothing(tmp_path):
     import psutil
 

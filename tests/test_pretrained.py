@@ -163,6 +163,7 @@ FINETUNE_COMMANDS = [c for c in readme_or_config_commands() if "photos_finetune.
 
 
 @pytest.mark.parametrize("command", FINETUNE_COMMANDS)
+@pytest.mark.slow
 def test_the_finetune_commands_train_from_the_weights_a_download_would_give(
     command, image_folder, tmp_path, monkeypatch
 ):

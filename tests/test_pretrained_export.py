@@ -2,6 +2,7 @@
 alone, without loading (or downloading) its pretrained weights again. Needs the pretrained and production
 parts both (parts.yaml lists this file in each)."""
 
+import pytest
 import torch
 
 from project.cli import main
@@ -10,6 +11,7 @@ from tests.conftest import CONFIGS
 from tests.test_pretrained import TINY_TIMM, saved_timm_weights
 
 
+@pytest.mark.slow
 def test_export_rebuilds_a_fine_tuned_timm_network_without_its_weights_file(image_folder, tmp_path):
     weights = tmp_path / "weights.pth"
     saved_timm_weights(weights, TINY_TIMM)

@@ -40,6 +40,7 @@ def _eager_test_accuracy(ckpt, data_dir) -> float:
     return float((pred == np.array(test.targets)).mean())
 
 
+@pytest.mark.slow
 def test_quantize_report(trained_run, exported, tmp_path):
     # A run folder with a QAT artifact beside the checkpoint (an INT8 ONNX file stands in for one).
     run = tmp_path / "run"

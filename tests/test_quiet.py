@@ -40,6 +40,7 @@ def printed(tmp_path_factory) -> dict[str, str]:
     return out
 
 
+@pytest.mark.slow
 def test_the_model_summary_lists_the_network_without_metric_objects(printed):
     fit = printed["fit"]
     assert re.search(r"\bnet\b.*\bTorchvisionNet\b", fit) and re.search(r"\bnet\.net\b.*\bResNet\b", fit)
@@ -54,6 +55,7 @@ def test_the_model_summary_lists_the_network_without_metric_objects(printed):
         assert metric not in fit
 
 
+@pytest.mark.slow
 def test_no_logging_interval_warning_on_a_short_epoch(printed):
     # One batch an epoch, under log_every_n_steps=50: Lightning would warn, with its own file's path.
     assert "log_every_n_steps" not in printed["fit"]
@@ -70,6 +72,7 @@ def test_an_offline_wandb_run_is_one_line_saying_where_it_is(printed, command):
     )
 
 
+@pytest.mark.slow
 def test_testing_without_a_test_split_says_in_one_line_which_split_it_scored(printed):
     out = printed["test"]
     (line,) = [line for line in out.splitlines() if "test split" in line]

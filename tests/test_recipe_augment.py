@@ -208,6 +208,7 @@ def test_trivial_augment_of_cached_images_repeats_under_the_seed(image_folder, t
     assert not torch.equal(batches[0], next(iter(dm.train_dataloader()))[0])  # the same images, augmented
 
 
+@pytest.mark.slow
 def test_a_larger_cached_source_with_every_part_trains_through_the_cli(image_folder, tmp_path):
     recipe = ["--data.cache_size", "24", "--data.augment.crop_scale", "[0.25, 1.0]", "--data.augment.mixup_alpha", "0.2",
               "--data.augment.cutmix_alpha", "1.0", "--data.augment.random_erasing", "0.25", "--data.augment.trivial_augment", "true",

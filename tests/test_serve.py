@@ -199,6 +199,7 @@ def test_serve_argument_errors(trained_run, exported, tmp_path):
 
 
 # part: benchmarks
+@pytest.mark.slow
 def test_serve_load_benchmark_reports_both_modes(exported, tmp_path):
     """benchmarks/serve_load.py (the figures in benchmarks/README.md section 7) runs end to end on a tiny model:
     one JSON line per batching mode with every request answered, then the ratio of their requests/s."""

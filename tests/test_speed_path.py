@@ -3,6 +3,7 @@
 import dataclasses
 
 import numpy as np
+import pytest
 import torch
 
 from project.data import CIFARDataModule
@@ -107,6 +108,7 @@ def test_airbench_whitening_decorrelates_patches():
     assert not net.whiten.weight.requires_grad and net(x).shape == (32, 10)
 
 
+@pytest.mark.slow
 def test_speedrun_recipe_runs_on_cpu(fake_cifar, tmp_path):
     run_cli(
         "fit", "--config", CONFIGS / "experiment" / "cifar10_speedrun.yaml", "--config", CONFIGS / "debug.yaml",

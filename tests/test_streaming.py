@@ -87,6 +87,7 @@ def test_prepare_fit_predict_through_the_cli(prepared, tmp_path):
     ]  # no test split: the validation split, each image named by its place in it
 
 
+@pytest.mark.slow
 def test_multilabel_csv_streams_multi_hot_targets(prepared, tmp_path):
     images = prepared.parent / "images"
     rows = [f"{p.relative_to(images)},{p.parent.name}{' both' if i % 2 else ''}"
@@ -116,6 +117,7 @@ def test_prepare_of_a_missing_folder_or_cifar_is_one_line(tmp_path, capsys):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 def test_prepare_cifar_from_torchvision_files_and_fit(tmp_path):
     patch_cifar_integrity()
     make_fake_cifar(tmp_path / "cifar", per_batch=4, n_test=3)  # 20 training images, 3 test images
@@ -161,6 +163,7 @@ def one_line_error(args: list[str], capsys) -> str:
     return err
 
 
+@pytest.mark.slow
 def test_missing_foreign_or_interrupted_input_dir_is_one_line(prepared, tmp_path, capsys):
     missing = tmp_path / "nowhere"
     assert f"data.input_dir {missing} does not exist" in one_line_error(fit_args(missing, tmp_path), capsys)
@@ -191,6 +194,7 @@ def test_missing_foreign_or_interrupted_input_dir_is_one_line(prepared, tmp_path
 
 
 @pytest.mark.parametrize("workers", [0, 1])
+@pytest.mark.slow
 def test_a_run_stopped_mid_epoch_resumes_exactly(prepared, tmp_path, workers):
     # 10 training images in batches of 2: 5 steps an epoch; the stop comes at the 2nd step of the 2nd epoch.
     # In the main process, the epoch after the resumed one must not come out empty; through a worker, the
@@ -237,6 +241,7 @@ def seen_images(path: Path, rank: int) -> dict[int, list[float]]:
     return seen
 
 
+@pytest.mark.slow
 def test_two_ddp_processes_read_disjoint_shards_covering_the_data(prepared, tmp_path):
     record = ["--trainer.callbacks+=tests.test_streaming.RecordImages", "--trainer.callbacks.path"]
     plain = [
@@ -290,6 +295,7 @@ def test_prepare_records_stratified_folds_the_datamodule_reads(prepared):
     assert sorted(loaded) == sorted(train)  # the training folds stream through the loader, each image once
 
 
+@pytest.mark.slow
 def test_folds_other_than_those_prepared_are_one_line(prepared, tmp_path, capsys):
     err = one_line_error(fit_args(prepared, tmp_path, "--data.num_folds", "3"), capsys)
     assert (
@@ -314,6 +320,7 @@ def test_cv_over_the_prepared_folds(prepared, tmp_path):
     assert "folds 1, 2, 3 are not complete yet" in result.stdout
 
 
+@pytest.mark.slow
 def test_a_prepare_whose_chunks_did_not_all_arrive_writes_no_metadata(
     prepared, tmp_path, capsys, monkeypatch
 ):
@@ -374,6 +381,7 @@ def test_a_split_smaller_than_processes_times_batch_size_is_one_line(prepared):
     data.setup("fit")  # one process takes every batch
 
 
+@pytest.mark.slow
 def test_streaming_fit_and_predict_say_only_what_applies(tmp_path):
     pytest.importorskip("litdata", reason="streaming is an optional extra: pip install -e '.[streaming]'")
     images = make_image_folder(tmp_path / "images", classes=2, per_class=6, extras=False)

@@ -42,6 +42,7 @@ def keys(prefix: str) -> list[str]:
     return sorted(item["Key"].removeprefix(prefix) for item in listed)
 
 
+@pytest.mark.slow
 def test_prepare_into_a_bucket_then_fit_from_it(s3, tmp_path, capsys):
     main(prepare_into(URL, tmp_path))
     stored = keys("prepared/")
