@@ -16,6 +16,7 @@ from project.export.report import COLUMNS
 from project.export.trained import load_trained
 from tests.conftest import run_cli
 from tests.deploy_helpers import mounted_tmpfs
+from tests.folder_fits import tiny_fit_args, tiny_folder
 from tests.wandb_reader import read_run
 
 pytest_plugins = ["tests.deploy_fixtures"]  # fixtures: trained_run, exported
@@ -154,6 +155,26 @@ def test_quantize_rejects_bad_arguments(trained_run, tmp_path):
     with pytest.raises(UserError, match=r"--qat_path .*nope\.pt2 does not exist"):
         quantize(str(trained_run.ckpt), qat_path=str(tmp_path / "nope.pt2"), output_dir=str(tmp_path / "q"))
     assert not (tmp_path / "q").exists()
+
+
+@pytest.mark.slow
+def test_quantize_on_data_without_a_test_split_says_so_in_one_line(tmp_path):
+    """A flat class folder has no test split: the table is scored on the validation split and the one warning
+    line says so, once, with no raw Python warning (file path and source line) beside it."""
+    data = tiny_folder(tmp_path / "images")
+    run_cli("fit", *tiny_fit_args(data, tmp_path, "--trainer.max_epochs", "1", "--trainer.logger", "false"),
+            cwd=tmp_path)  # fmt: skip
+    (ckpt,) = (tmp_path / "logs").glob("**/last.ckpt")
+    proc = run_cli(
+        "quantize", "--ckpt_path", ckpt, "--output_dir", tmp_path / "q", "--calibration_batches", "1",
+        "--repeats", "1", "--warmup", "0", "--threads", "1", cwd=tmp_path,
+    )  # fmt: skip
+    printed = (proc.stdout + proc.stderr).splitlines()
+    (warning,) = [line for line in printed if line.startswith("warning:")]
+    assert warning.startswith("warning: the data has no test split: testing on the validation split")
+    assert not [line for line in printed if "Warning:" in line or ".py:" in line]
+    assert json.loads((tmp_path / "q" / "quantization.json").read_text())["info"]["split"] == "validation"
+    assert "images of the validation split" in (tmp_path / "q" / "quantization.md").read_text()
 
 
 def test_pt2e_static_int8_artifact(tmp_path, monkeypatch):

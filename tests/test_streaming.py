@@ -74,6 +74,14 @@ def test_prepare_writes_splits_and_metadata(prepared):
     assert sorted(seen) == [0] * 5 + [1] * 5  # every training image once, its label with it
 
 
+def test_testing_a_dataset_without_a_test_split_says_which_split_it_scored(prepared, capsys):
+    data = StreamingImageDataModule(str(prepared), image_size=8, batch_size=4, num_workers=0)
+    data.setup("test")
+    assert data.tested_split == "validation" and len(data.test_set) == 2  # pyright: ignore[reportArgumentType]
+    (line,) = [line for line in capsys.readouterr().err.splitlines() if "test split" in line]
+    assert line.startswith("warning: the dataset has no test split: testing on the validation split")
+
+
 def test_prepare_fit_predict_through_the_cli(prepared, tmp_path):
     main(fit_args(prepared, tmp_path, "--trainer.max_steps", "2", "--trainer.limit_val_batches", "1"))
     (ckpt,) = tmp_path.glob("runs/version_*/checkpoints/last.ckpt")

@@ -83,6 +83,8 @@ class ImageDataModule(L.LightningDataModule):
     #: Side of the squares images are decoded to before the device brings them to the input (a larger one
     #: leaves room for random-resized crops); None: the input's own.
     source_size: int | None = None
+    #: The split `test_dataloader` serves, as reports name it: `validation` where the data has no test split.
+    tested_split: str = "test"
 
     def __init__(
         self,

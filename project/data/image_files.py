@@ -336,7 +336,7 @@ class ImageFilesDataModule(KFoldMixin, ImageDataModule):
                     "checkpoint; for a held-out score give it a test split (root/test/<class>/ beside "
                     "root/train/, or data.test_csv)"
                 )
-                self.test_set = self.val_set
+                self.test_set, self.tested_split = self.val_set, "validation"
         if stage == "predict" and self.predict_set is None:
             files = readable_files(self.predict_files(), self.max_image_pixels, self.skip_corrupt)
             self.predict_set = ImageFileDataset(files, None, self.source_size, self.max_image_pixels)

@@ -234,7 +234,14 @@ class StreamingImageDataModule(KFoldMixin, ImageDataModule):
             self.train_set = self._dataset("train", train=True).subset(train_rows)
             self.val_set = self._dataset("train").subset(val_rows)
         if stage == "test" and self.test_set is None:
-            self.test_set = self._dataset("test" if "test" in self.meta["splits"] else "val")
+            if "test" in self.meta["splits"]:
+                self.test_set = self._dataset("test")
+            else:
+                warn(
+                    "the dataset has no test split: testing on the validation split, which chose the best "
+                    "checkpoint; for a held-out score prepare it from data with a test split"
+                )
+                self.test_set, self.tested_split = self._dataset("val"), "validation"
         if stage == "predict" and self.predict_set is None:
             self.predict_set = self._dataset(self.predict_split, index=True)
             count = self.meta["splits"][self.predict_split]

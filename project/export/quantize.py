@@ -226,7 +226,7 @@ def quantize(
     )
     info = {
         "checkpoint": str(trained.ckpt_path),
-        "split": split,
+        "split": datamodule.tested_split if split == "test" else "validation",
         "samples": samples,
         "calibration_batches": used,
         "calibration": f"{calibration_method}, {activation_type} activations, per-channel {weights}",
