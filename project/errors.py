@@ -16,6 +16,10 @@ from project import PACKAGE
 class UserError(Exception):
     """Bad input from the user, reported as one clear line."""
 
+    #: The line was already printed by the process that found it (a study's fit, whose output the user sees):
+    #: the command ends with its exit status and does not print it a second time.
+    already_said: bool = False
+
     def __str__(self) -> str:
         # Raised in a DataLoader worker, it is raised again in the main process with the worker's whole
         # traceback as its message ("Caught UserError in DataLoader worker process 0. Original Traceback ...");

@@ -383,3 +383,5 @@ def test_a_search_metric_the_fit_never_logs_stops_the_study_after_its_first_vali
         )
     )
     assert "trial 1" not in proc.stdout  # the study stopped at its first trial
+    # Said once: by the study, not again by the trial's fit that found it.
+    assert (proc.stdout + proc.stderr).count("is never logged by the fit") == 1, proc.stderr[-4000:]

@@ -90,7 +90,8 @@ def main(args: list[str] | None = None) -> None:
         if user_error is None:
             raise
         finish_runs(1)
-        print(f"error: {user_error}", file=sys.stderr)
+        if not user_error.already_said:
+            print(f"error: {user_error}", file=sys.stderr)
         sys.exit(1)
     finally:
         release_run_folders()

@@ -54,6 +54,7 @@ class TrialPruning(Callback):
         startup_trials: Median pruner: no pruning until this many trials have finished.
         warmup: Median pruner: no pruning in a trial's first `warmup` validations; Hyperband: its min_resource.
         storage: The study's storage URL; default: the environment variable PROJECT_TUNE_STORAGE.
+        search_file: The search file `monitor` comes from, named in the error when the fit never logs it.
     """
 
     def __init__(
@@ -65,8 +66,10 @@ class TrialPruning(Callback):
         startup_trials: int = 5,
         warmup: int = 0,
         storage: str | None = None,
+        search_file: str | None = None,
     ) -> None:
         self.study_name, self.trial_number, self.monitor = study_name, trial_number, monitor
+        self.search_file = search_file
         self.pruner = make_pruner(pruner, startup_trials, warmup)
         self.storage = storage
         self._trial: optuna.trial.Trial | None = None
@@ -113,7 +116,8 @@ class TrialPruning(Callback):
                     logged = ", ".join(sorted(k for k in trainer.callback_metrics if "/" in k))
                     message = f"the metric {self.monitor} is never logged by the fit (it logs {logged})"
                     trial.set_user_attr(METRIC_MISSING_ATTR, message)
-                    raise UserError(f"{message}: set metric in the search file to one of them")
+                    where = f"search file {self.search_file}: " if self.search_file else ""
+                    raise UserError(f"{where}{message}: set metric in the search file to one of them")
                 trial.report(float(value), step=self._validations)
                 prune = trial.should_prune()
                 if prune:

@@ -197,7 +197,7 @@ def tune(
             trial.set_user_attr(INTERRUPTED_ATTR, False)
         callback = {  # the trial's number comes through the environment: a continued trial's config is the same
             "class_path": f"{TrialPruning.__module__}.{TrialPruning.__qualname__}",
-            "init_args": {"study_name": study_name, "monitor": space.metric}
+            "init_args": {"study_name": study_name, "monitor": space.metric, "search_file": str(space.source)}
             | {"pruner": pruner, "startup_trials": pruner_startup_trials, "warmup": pruner_warmup},
         }
         args = [*fit_args, *as_flags(params), f"--trainer.callbacks+={json.dumps(callback)}"]
@@ -214,10 +214,10 @@ def tune(
             raise
         except FitFailed:
             missing = trial_result(study, trial.number).user_attrs.get(METRIC_MISSING_ATTR)
-            if missing:  # every trial would fail alike: stop the study now
-                raise UserError(
-                    f"search file {space.source}: {missing}: set its metric to one of them"
-                ) from None
+            if missing:  # every trial would fail alike: stop the study now (the fit's error line said why)
+                stopped = UserError(f"search file {space.source}: {missing}: set its metric to one of them")
+                stopped.already_said = True
+                raise stopped from None
             raise
         done = trial_result(study, trial.number)
         if PRUNED_ATTR in done.user_attrs:
