@@ -9,7 +9,8 @@ not chosen (copier.yml's `_exclude`, read from parts.yaml); this does what a lis
 - in every file, the lines marked as a part's (`# part: NAME` to `# /part: NAME`, `<!-- part: NAME -->` in
   Markdown) go with it: its extras in pyproject.toml, its default callbacks, its docs sections;
 - constraints.txt: only the pins that the remaining requirements reach (through the lock's `# via` lines);
-- parts.yaml: only the parts present; the docs' table-of-contents lines naming a page that is not there;
+- parts.yaml: only the parts present, each listing only files present (a file two parts share goes with either,
+  so a part kept no longer lists it); the docs' table-of-contents lines naming a page that is not there;
 - pyproject.toml: the author;
 - the package renamed: its folder, and every reference to it in the template's files (imports, dotted paths in
   configs, `python -m` launches, file paths, the distribution's name);
@@ -86,6 +87,7 @@ def finish(
     for file in files:
         edit(project / file, lambda t: without_part_blocks(t, absent))
     edit(project / "parts.yaml", lambda t: without_parts(t, absent))
+    edit(project / "parts.yaml", lambda t: without_patterns_of_files_left_out(t, files))
     for file in files:
         if file.endswith(".md"):
             edit(
@@ -251,6 +253,29 @@ def without_parts(text: str, absent: Iterable[str]) -> str:
     for part in absent:
         text = re.sub(rf"^{re.escape(part)}:\n(?:(?:[ \t][^\n]*)?\n)*", "", text, count=1, flags=re.M)
     return text
+
+
+def without_patterns_of_files_left_out(text: str, files: Iterable[str]) -> str:
+    """parts.yaml without the file patterns (`    - PATTERN` lines) that match none of `files`: a file two parts
+    share goes with either, so a part kept stops listing the file a part left out took along."""
+    files = list(files)
+
+    def kept(line: re.Match) -> str:
+        pattern = glob_pattern(line.group(1))
+        return line.group(0) if any(pattern.fullmatch(f) for f in files) else ""
+
+    return re.sub(r"^[ \t]+- (\S+)[ \t]*\n", kept, text, flags=re.M)
+
+
+def glob_pattern(pattern: str) -> re.Pattern[str]:
+    """A parts.yaml glob as a regular expression over `/`-separated paths: `**` any depth, `*` and `?` within
+    one name. (tests/repo_copy.py reads them the same way; this script runs without the project.)"""
+    regex = re.sub(
+        r"\*\*|\*|\?|[^*?]+",
+        lambda m: {"**": ".*", "*": "[^/]*", "?": "[^/]"}.get(m.group(0), re.escape(m.group(0))),
+        pattern,
+    )
+    return re.compile(regex)
 
 
 def without_part_blocks(text: str, absent: Iterable[str]) -> str:

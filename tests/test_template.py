@@ -193,6 +193,17 @@ def test_a_part_s_marked_lines_go_with_it_in_code_and_in_markdown():
     assert render.without_part_blocks(text, ["z"]) == text
 
 
+def test_a_part_kept_stops_listing_the_files_a_part_left_out_took_along():
+    parts = (
+        "kept:\n  summary: a part\n  commands: []\n  files:\n    - pkg/kept/**\n    - configs/search/kept.yaml\n"
+        "    - tests/test_kept_*.py\n"
+    )
+    files = ["pkg/kept/a/b.py", "tests/test_kept_x.py"]  # the search config went with a part left out
+    trimmed = render.without_patterns_of_files_left_out(parts, files)
+    assert trimmed == parts.replace("    - configs/search/kept.yaml\n", "")
+    assert render.without_patterns_of_files_left_out(trimmed, files) == trimmed
+
+
 def test_a_table_of_contents_lists_only_the_pages_present(tmp_path):
     (tmp_path / "running.md").write_text("# Running\n")
     page = "# Docs\n\n```{toctree}\n:maxdepth: 2\n\nrunning\nstudies\napi/*\n```\n"
