@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from torch import nn
 
 from project import TOOLS
 from project.cli import build, main, parse_fit_args, run_command
@@ -70,6 +71,27 @@ def test_main_configs_instantiate_with_linked_classes(name, tmp_path, image_fold
     assert model.example_input_array.shape[1:] == data.input_shape
     # num_classes reached the injected network too: its output has one logit per class.
     assert model.net(model.example_input_array).shape == (2, data.num_classes)
+
+
+class ClassesOnlyNet(nn.Module):
+    """A user's network whose one setting comes from the data."""
+
+    def __init__(self, num_classes: int):
+        super().__init__()
+        self.head = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(3, num_classes))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(x)
+
+
+@pytest.mark.parametrize(
+    "net", [f"{__name__}.ClassesOnlyNet", "project.models.MLP"], ids=["classes-only", "MLP"]
+)
+def test_a_network_whose_settings_all_come_from_the_data_is_built_with_them(net, tmp_path, image_folder):
+    """(MLP takes num_classes and input_shape, and with --model.net given alone, nothing else.)"""
+    cli = build([*config_args("folder.yaml", tmp_path, image_folder), "--model.net", net])
+    model = cli.model
+    assert model.net(model.example_input_array).shape == (2, cli.datamodule.num_classes)
 
 
 @pytest.mark.parametrize(

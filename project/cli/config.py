@@ -112,6 +112,22 @@ LINKS = (
 )
 
 
+def with_room_for_links(dumped: dict[str, Any]) -> dict[str, Any]:
+    """The dumped config with an empty `init_args` in each class a link targets that has none (a network whose only
+    settings are linked has none), where LightningCLI's instantiators write the linked values."""
+    for _, target in LINKS:
+        node = dumped
+        for key in target.split(".")[:-1]:
+            if key == "init_args" and isinstance(node, dict) and "class_path" in node:
+                node["init_args"] = node.get("init_args") or {}
+                node = node["init_args"]
+            elif isinstance(node, dict) and isinstance(node.get(key), dict):
+                node = node[key]
+            else:
+                break  # a task or network without the argument: the link leaves it alone
+    return dumped
+
+
 def check_linked_settings(config: Namespace, data: Any, given: set[str]) -> None:
     """A UserError when the command line or a config file sets a linked key (`LINKS`; `given`: `given_keys`) to
     other than what the data gives: the link would replace it without a word."""
@@ -228,7 +244,7 @@ class CommandLine(LightningCLI):
         text = self.parser.dump(
             self.config, format="json", skip_unset=False, skip_link_targets=False, skip_validation=True
         )
-        self.dumped = json.loads(text)
+        self.dumped = with_room_for_links(json.loads(text))
         # (a copy, without secrets: they write the linked values into theirs, and a task saves its part of it
         # as its hyperparameters, in every checkpoint and logger)
         give_config_dump(self, redact_config(self.dumped))
