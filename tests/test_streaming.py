@@ -16,6 +16,8 @@ import torch
 from project.cli import main
 from project.data.augment import BatchAugmentation
 from project.data.cifar import CIFARDataModule
+from project.data.datamodule import ImageDataModule, LabelledSplits
+from project.data.images import MAX_IMAGE_PIXELS
 from project.data.streaming import METADATA, StreamingImageDataModule
 from project.errors import UserError
 from tests.conftest import CONFIGS, run_cli
@@ -123,6 +125,51 @@ def test_prepare_of_a_missing_folder_or_cifar_is_one_line(tmp_path, capsys):
     err = one_line_error(args, capsys)
     assert f"cifar10 is not in {tmp_path}" in err and "cifar-10-python.tar.gz" in err
     assert not (tmp_path / "out").exists()
+
+
+class InMemorySource(ImageDataModule):
+    """A user's own source, as the README's "Add a dataset" has one write it: images made in memory, listed
+    split by split by `labelled_splits`, which is all `prepare` asks of a source."""
+
+    @property
+    def class_names(self) -> list[str]:
+        return ["dark", "light"]
+
+    @property
+    def input_shape(self) -> tuple[int, int, int]:
+        return (3, 8, 8)
+
+    def labelled_splits(self) -> LabelledSplits:
+        def split(n: int) -> tuple[list, list]:
+            labels = [i % 2 for i in range(n)]
+            return [np.full((8, 12, 3), 40 + 160 * y, np.uint8) for y in labels], labels
+
+        splits = {"train": split(6), "val": split(2)}
+        return LabelledSplits(
+            self.class_names, self.targets, splits, MAX_IMAGE_PIXELS, 8, self.seed, "InMemory"
+        )
+
+
+def test_prepare_reads_any_source_that_lists_its_samples_and_only_those(tmp_path, capsys):
+    out = tmp_path / "prepared"
+    args = ["prepare", "--data", f"{__name__}.InMemorySource", "--model.net", "project.models.SimpleCNN"]
+    main([*args, "--output_dir", str(out), "--num_workers", "1", "--num_folds", "2"])
+    meta = json.loads((out / METADATA).read_text())
+    assert meta["classes"] == ["dark", "light"] and meta["splits"] == {"train": 6, "val": 2}
+    assert meta["source"] == "InMemory" and meta["folds"]["sizes"] == [3, 3]
+    data = StreamingImageDataModule(str(out), image_size=8, batch_size=6, num_workers=0)
+    data.setup("fit")
+    images, targets = next(iter(data.train_dataloader()))
+    # each image its label's shade (JPEG keeps a flat image within a few levels)
+    assert all(
+        abs(int(x.float().mean()) - (40 + 160 * int(y))) < 8 for x, y in zip(images, targets, strict=True)
+    )
+
+    # A source that cannot list its samples (here: chunks already prepared) is one line naming what it lacks.
+    args = ["prepare", "--config", str(CONFIGS / "streaming.yaml"), "--data.input_dir", str(out)]
+    err = one_line_error([*args, "--output_dir", str(tmp_path / "again")], capsys)
+    assert "StreamingImageDataModule does not list its samples: give it a labelled_splits() method" in err
+    assert not (tmp_path / "again").exists()
 
 
 @pytest.mark.slow

@@ -7,9 +7,10 @@ from typing import Any, Literal
 import torch
 from torchvision import datasets
 
-from project.data.datamodule import ImageDataModule
+from project.data.datamodule import ImageDataModule, LabelledSplits
 from project.data.folds import KFoldMixin
 from project.data.image_cache import channel_mean_std
+from project.data.images import MAX_IMAGE_PIXELS
 from project.data.tensor_dataset import TensorImageDataset
 from project.errors import UserError
 
@@ -107,6 +108,24 @@ class CIFARDataModule(KFoldMixin, ImageDataModule):
                     with contextlib.suppress(OSError):
                         folder.rmdir()  # only if empty
                 raise UserError(self._missing_message(f"download failed ({type(e).__name__}: {e})")) from None
+
+    def labelled_splits(self) -> LabelledSplits:
+        """The images (as (32, 32, 3) uint8 arrays, views of the loaded tensors) and labels of train, val and
+        test, downloaded first where data.download allows it."""
+        self.prepare_data()
+        self.setup("fit")
+        self.setup("test")
+        splits: dict[str, tuple[list[Any], list[Any]]] = {}
+        for split, dataset in (("train", self.train_set), ("val", self.val_set), ("test", self.test_set)):
+            # what setup builds: the loaded tensors, labelled
+            assert isinstance(dataset, TensorImageDataset) and isinstance(dataset.images, torch.Tensor)
+            assert dataset.targets is not None
+            rows = dataset.indices.tolist()
+            images = dataset.images.permute(0, 2, 3, 1).numpy()  # (N, 32, 32, 3): views, no copy
+            splits[split] = ([images[i] for i in rows], dataset.targets[rows].tolist())
+        return LabelledSplits(
+            self.class_names, self.targets, splits, MAX_IMAGE_PIXELS, 32, self.seed, type(self).__name__
+        )
 
     def _load(self, train: bool) -> tuple[torch.Tensor, torch.Tensor]:
         try:

@@ -1,6 +1,7 @@
 """`ImageDataModule`: loader settings and the on-device augmentation (`data.augment`) of every image DataModule."""
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import lightning as L
@@ -32,6 +33,25 @@ def per_device_batch_size(
             f"multiple of {parts}, or set the per-device data.batch_size instead"
         )
     return global_batch_size // parts
+
+
+@dataclass
+class LabelledSplits:
+    """A source's samples split by split, as a tool that stores them elsewhere (in chunks, in another format)
+    reads them: `splits` maps each split (train, val, and test where the data has one) to its items and labels.
+    An item is an image file's path or an (H, W, 3) uint8 array already in memory; a label is what `targets`
+    reads (a class index, a list of tags, a list of values)."""
+
+    classes: list[str]
+    targets: TargetKind
+    splits: dict[str, tuple[list[Any], list[Any]]]
+    #: The largest width x height decoded, and the side the network sees.
+    max_pixels: int
+    image_size: int
+    #: The seed of the source's own splits, which folds dealt from the training split reuse.
+    seed: int
+    #: What the data came from (the DataModule's class name), for a copy to record.
+    name: str
 
 
 class ImageDataModule(L.LightningDataModule):
@@ -273,6 +293,15 @@ class ImageDataModule(L.LightningDataModule):
         training = trainer is not None and trainer.training
         epoch = trainer.current_epoch if trainer is not None and training else 0
         return self.transform_batch(tuple(batch), train=training, epoch=epoch)
+
+    def labelled_splits(self) -> LabelledSplits:
+        """The data's samples as items and labels per split, for a tool that stores them elsewhere: train and
+        val (the data's own, or the seeded validation split the DataModule draws) and test where there is one.
+        A source whose samples can be listed so overrides this."""
+        raise UserError(
+            f"{type(self).__name__} does not list its samples: give it a labelled_splits() method (the items and "
+            "labels of each split), as the class-folder, CSV and CIFAR DataModules have"
+        )
 
     def has_test_split(self) -> bool:
         """Whether the data holds images kept apart for testing: `fit` tests its best checkpoint on them."""

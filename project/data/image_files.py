@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from project.data.datamodule import ImageDataModule
+from project.data.datamodule import ImageDataModule, LabelledSplits
 from project.data.folds import KFoldMixin, check_class_counts, iterative_stratification
 from project.data.image_cache import (
     ImageCache,
@@ -266,6 +266,30 @@ class ImageFilesDataModule(KFoldMixin, ImageDataModule):
             indices = self._drop_bad(split, indices, self._bad[split], files)
         kept = [files[i] for i in indices]
         return ImageFileDataset(kept, targets[indices], self.source_size, self.max_image_pixels, augment)
+
+    def labelled_splits(self) -> LabelledSplits:
+        """The image files and labels of train, val (the data's own, or the seeded validation split) and test
+        where there is one, without the files that cannot be read (an error, or a warning with skip_corrupt)."""
+        train = self.scanned("train")
+        rows: dict[str, tuple[Any, list[int] | None]]  # split -> its scan, and the rows of it (None: all)
+        if self.has_split("val"):
+            rows = {"train": (train, None), "val": (self.scanned("val"), None)}
+        else:
+            train_idx, val_idx = self._split()
+            rows = {"train": (train, train_idx), "val": (train, val_idx)}
+        if self.has_split("test"):
+            rows["test"] = (self.scanned("test"), None)
+        splits: dict[str, tuple[list[Any], list[Any]]] = {}
+        for split, (scan, indices) in rows.items():
+            indices = list(range(len(scan.files)) if indices is None else indices)
+            pixels = self.max_image_pixels
+            bad = {i: why for i in indices if (why := check_image(Path(scan.files[i]), pixels))}
+            keep = drop_bad(indices, bad, scan.files, self.skip_corrupt)
+            splits[split] = ([scan.files[i] for i in keep], [scan.labels[i] for i in keep])
+        name, size = type(self).__name__, self.image_size
+        return LabelledSplits(
+            self.class_names, self.targets, splits, self.max_image_pixels, size, self.seed, name
+        )
 
     def _drop_bad(self, split: str, indices: list[int], bad: dict[int, str], files: list[str]) -> list[int]:
         """`indices` without the unreadable files `bad` of their split: an error naming them (without

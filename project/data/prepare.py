@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from project.atomic_files import stop_on_sigterm
+from project.data.datamodule import LabelledSplits
 from project.data.images import MAX_IMAGE_PIXELS
 from project.data.prepare_bucket import open_bucket
 from project.data.prepare_chunks import metadata_text, write_splits
@@ -44,7 +45,7 @@ from project.data.prepare_output import (
     swap_in,
     writing,
 )
-from project.data.prepare_sources import SourceSplits, fold_order, read_source
+from project.data.prepare_sources import fold_order, read_source
 from project.data.streaming_metadata import METADATA
 from project.errors import UserError
 
@@ -186,7 +187,7 @@ def prepare(
     return metadata
 
 
-def _read_source(parsed: Any, num_folds: int | None) -> tuple[SourceSplits, list[int] | None]:
+def _read_source(parsed: Any, num_folds: int | None) -> tuple[LabelledSplits, list[int] | None]:
     """The source's splits (its training split in fold order) and the sizes of its folds."""
     from project.cli.config import build_datamodule
 

@@ -17,15 +17,16 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from project.data.datamodule import LabelledSplits
 from project.data.prepare_bucket import Bucket
-from project.data.prepare_sources import SourceSplits, encode_sample, mean_std
+from project.data.prepare_sources import encode_sample, mean_std
 from project.data.streaming_metadata import FORMAT, METADATA
 from project.errors import UserError
 
 
 def write_splits(
     litdata: Any,
-    source: SourceSplits,
+    source: LabelledSplits,
     fold_sizes: list[int] | None,
     root: str,
     shown: str,
@@ -67,7 +68,7 @@ def _write_split(
     split: str,
     files: list[Any],
     labels: list[Any],
-    source: SourceSplits,
+    source: LabelledSplits,
     root: str,
     shown: str,
     bucket: Bucket | None,

@@ -1,13 +1,13 @@
-"""What `python -m project prepare` reads from each kind of source, and how one sample is encoded.
+"""What `python -m project prepare` reads from a source, and how one sample is encoded.
 
-A source gives its splits as items and labels: an item is an image file's path (class folders, CSV,
-multi-label CSV) or an image already in memory as an (H, W, 3) uint8 array (CIFAR). `encode_sample` turns
+A source is the DataModule its config builds; it gives its splits as items and labels (`labelled_splits`): an
+item is an image file's path (class folders, CSV, multi-label CSV) or an image already in memory as an
+(H, W, 3) uint8 array (CIFAR). `encode_sample` turns
 an item into the stored sample in litdata's worker processes; `mean_std` gives the training images'
 statistics for the metadata; `fold_order` deals the training split into stratified folds.
 """
 
 import io
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -15,86 +15,24 @@ import numpy as np
 import torch
 from PIL import Image
 
+from project.data.datamodule import LabelledSplits
 from project.data.folds import check_class_counts, make_folds
-from project.data.image_cache import drop_bad
-from project.data.images import MAX_IMAGE_PIXELS, _high_depth_to_8bit, check_image, decode_image, open_image
-from project.data.targets import TargetKind
+from project.data.images import _high_depth_to_8bit, decode_image, open_image
 from project.errors import UserError, warn
 
 #: Training images the mean and std are computed over (an even spread of the split), at most.
 STATS_SAMPLES = 2000
 
 
-@dataclass
-class SourceSplits:
-    """The splits of a source: split -> (items, labels), with what the metadata records about them."""
-
-    classes: list[str]
-    targets: TargetKind
-    splits: dict[str, tuple[list[Any], list[Any]]]
-    max_pixels: int
-    image_size: int
-    seed: int
-    name: str
-
-
-def read_source(data: Any) -> SourceSplits:
-    """The splits of a DataModule built from the source's config: train, val (the data's own, or the
-    DataModule's seeded validation split) and test where the data has one. A UserError for any other data."""
-    from project.data.cifar import CIFARDataModule
-    from project.data.image_files import ImageFilesDataModule
-
-    if isinstance(data, ImageFilesDataModule | CIFARDataModule) and data.num_folds is not None:
+def read_source(data: Any) -> LabelledSplits:
+    """The samples of a DataModule built from the source's config, split by split (any DataModule whose
+    `labelled_splits` lists them: class folders, CSVs, CIFAR, a user's own)."""
+    if getattr(data, "num_folds", None) is not None:
         raise UserError(
             f"data.num_folds={data.num_folds}: prepare stores the whole training split and records its folds "
             "itself (--num_folds); drop data.num_folds"
         )
-    if isinstance(data, ImageFilesDataModule):
-        return _image_files(data)
-    if isinstance(data, CIFARDataModule):
-        return _cifar(data)
-    raise UserError(
-        "prepare converts image files (ImageFolderDataModule, ImageCSVDataModule) and CIFAR (CIFARDataModule); "
-        f"the config's data is {type(data).__name__}"
-    )
-
-
-def _image_files(data: Any) -> SourceSplits:
-    splits: dict[str, tuple[list[Any], list[Any]]] = {}
-    train = data.scanned("train")
-    if data.has_split("val"):
-        splits["train"] = (train.files, train.labels)
-        val = data.scanned("val")
-        splits["val"] = (val.files, val.labels)
-    else:
-        train_idx, val_idx = data._split()
-        splits["train"] = ([train.files[i] for i in train_idx], [train.labels[i] for i in train_idx])
-        splits["val"] = ([train.files[i] for i in val_idx], [train.labels[i] for i in val_idx])
-    if data.has_split("test"):
-        test = data.scanned("test")
-        splits["test"] = (test.files, test.labels)
-    pixels = data.max_image_pixels
-    for split, (files, labels) in splits.items():
-        bad = {i: reason for i, f in enumerate(files) if (reason := check_image(Path(f), pixels))}
-        keep = drop_bad(list(range(len(files))), bad, files, data.skip_corrupt)
-        splits[split] = ([files[i] for i in keep], [labels[i] for i in keep])
-    return SourceSplits(
-        data.class_names, data.targets, splits, pixels, data.image_size, data.seed, type(data).__name__
-    )
-
-
-def _cifar(data: Any) -> SourceSplits:
-    data.prepare_data()  # the download, where data.download allows it
-    data.setup("fit")
-    data.setup("test")
-    splits: dict[str, tuple[list[Any], list[Any]]] = {}
-    for split, dataset in (("train", data.train_set), ("val", data.val_set), ("test", data.test_set)):
-        rows = dataset.indices.tolist()
-        images = dataset.images.permute(0, 2, 3, 1).numpy()  # (N, 32, 32, 3): views, no copy
-        splits[split] = ([images[i] for i in rows], dataset.targets[rows].tolist())
-    return SourceSplits(
-        data.class_names, data.targets, splits, MAX_IMAGE_PIXELS, 32, data.seed, type(data).__name__
-    )
+    return data.labelled_splits()
 
 
 def encode_sample(item: tuple[Any, Any, int | None, int, int, int]) -> dict[str, Any]:
@@ -151,7 +89,7 @@ def mean_std(items: list[Any], size: int, max_pixels: int) -> tuple[list[float],
     return mean.tolist(), std.tolist()
 
 
-def fold_order(source: SourceSplits, num_folds: int | None) -> tuple[list[int], list[int] | None]:
+def fold_order(source: LabelledSplits, num_folds: int | None) -> tuple[list[int], list[int] | None]:
     """The order the training split is stored in, and the sizes of its folds (None without folds).
 
     With `num_folds`, the training images are dealt into stratified folds seeded by the source's data.seed

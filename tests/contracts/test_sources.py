@@ -23,6 +23,7 @@ from project.data import (
     ImageFolderDataModule,
 )
 from project.data.targets import Classes, Tags, TargetKind, Values, kind_named
+from project.errors import UserError
 from tests.contracts import tiny_data
 
 #: Loader settings of every source here: small batches, in this process.
@@ -217,3 +218,27 @@ def test_state_dict_holds_what_a_checkpoint_needs(data, source, tmp_path):
     fresh = source.build(tmp_path / "data")
     fresh.load_state_dict(state)  # evaluating from a checkpoint prepares images as training did
     assert tuple(fresh.mean) == tuple(data.mean) and tuple(fresh.std) == tuple(data.std)
+
+
+def test_lists_the_samples_its_loaders_serve_or_says_in_one_line_that_it_cannot(data):
+    """What a tool that stores the data elsewhere reads (`labelled_splits`): each split's items with the labels
+    the loaders give them, or a UserError naming the method for a source that cannot list them."""
+    try:
+        listed = data.labelled_splits()
+    except UserError as e:
+        assert "does not list its samples: give it a labelled_splits() method" in str(e)
+        return
+    assert listed.classes == data.class_names and listed.targets == data.targets and listed.name
+    assert listed.image_size >= data.input_shape[1] and listed.max_pixels > 0
+    data.setup("fit")
+    data.setup("test")
+    served = {"train": data.train_set, "val": data.val_set}
+    if data.has_test_split():
+        served["test"] = data.test_set
+    assert set(listed.splits) == set(served)
+    for split, (items, labels) in listed.splits.items():
+        dataset = served[split]
+        assert dataset is not None and len(items) == len(labels) == len(dataset), split  # pyright: ignore[reportArgumentType]
+        given = torch.stack([torch.as_tensor(dataset[i][1]) for i in range(len(labels))])  # pyright: ignore[reportArgumentType]
+        encoded = data.targets.encode(labels)
+        assert sorted(map(str, encoded.tolist())) == sorted(map(str, given.tolist())), split
