@@ -5,6 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import PACKAGE, ROOT, run_python, subprocess_env
 from tests.fakes import make_image_folder
 
@@ -169,6 +171,7 @@ print("IMPORTED " + " ".join(sorted(m for m in sys.modules if m.partition(".")[0
 """
 
 
+@pytest.mark.slow
 def test_a_fit_imports_the_core_and_no_optional_extra(tmp_path):
     images = make_image_folder(tmp_path / "images", extras=False)
     args = ["fit", "--config", "configs/folder.yaml", "--data.root", images, "--data.image_size", "16"]

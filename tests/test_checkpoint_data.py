@@ -97,6 +97,7 @@ def test_resuming_onto_other_classes_is_refused_and_touches_nothing(change, tmp_
         assert f": {difference}. Evaluate it on data with the same classes, in the same order" in errors[0]
 
 
+@pytest.mark.slow
 def test_a_checkpoint_of_reordered_classes_is_refused(tmp_path, capsys):
     # Folders are sorted by name, so their order cannot change alone; another source's order can (a CSV's).
     images, ckpt = trained_run(tmp_path, capsys)
@@ -111,6 +112,7 @@ def test_a_checkpoint_of_reordered_classes_is_refused(tmp_path, capsys):
     )
 
 
+@pytest.mark.slow
 def test_resuming_onto_the_same_classes_continues(tmp_path, capsys):
     images, ckpt = trained_run(tmp_path, capsys)
     recorded = torch.load(ckpt, weights_only=True)

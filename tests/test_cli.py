@@ -287,6 +287,7 @@ def test_python_m_project_exits_with_the_commands_code(tmp_path):
     assert bad.returncode == 2 and 'error: Parser key "trainer.max_epochs"' in bad.stderr, bad.stderr
 
 
+@pytest.mark.slow
 def test_lightning_notices_with_nothing_to_act_on_are_left_out(image_folder, tmp_path):
     # A machine with SLURM installed but outside a job (a login node), no GPU or TPU, and a --ckpt_path run
     # without the fit-only callbacks: Lightning says something about each; a template user can act on none.
@@ -313,6 +314,7 @@ def test_lightning_notices_with_nothing_to_act_on_are_left_out(image_folder, tmp
     assert "val/acc" in outputs[1]  # the run itself still reports
 
 
+@pytest.mark.slow
 def test_the_default_callbacks_are_the_listed_ones_each_under_its_key(tmp_path, image_folder, monkeypatch):
     """configs/callbacks/default.yaml lists every default callback: a flag sets its arguments, `null` leaves it out
     for one run, and an entry deleted from the list leaves it out of every run, which goes on without it."""

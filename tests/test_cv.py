@@ -100,6 +100,7 @@ def test_image_folder_folds_are_the_same_on_every_rank(tmp_path, monkeypatch):
     assert splits[0][1] == stratified_folds(dm.train_labels, 3, dm.seed)[2]
 
 
+@pytest.mark.slow
 def test_a_folds_statistics_come_from_its_training_folds_only(tmp_path):
     data = tiny_folder(tmp_path / "images", per_class=7)
     cache = tmp_path / "cache"

@@ -56,6 +56,7 @@ def test_validation_checkpoints_and_test_use_the_averaged_weights(fake_cifar, tm
     assert all(torch.equal(v, averaged[k]) for k, v in model.state_dict().items())
 
 
+@pytest.mark.slow
 def test_resume_restores_the_average_exactly_and_export_reads_it(fake_cifar, tmp_path):
     whole, stopped = tmp_path / "whole", tmp_path / "stopped"
     # Stopped mid-epoch (step 21 of 48) by SIGTERM, then resumed: the same weights and average as never stopped.

@@ -115,6 +115,7 @@ def test_add_a_network_trains_as_written(tmp_path):
     assert weights["net.layers.4.weight"].shape == (3, 64)  # width 64 as configured, 3 classes from the data
 
 
+@pytest.mark.slow
 def test_add_a_dataset_scans_as_written(tmp_path):
     from project.data import ImageFilesDataModule
     from project.data.image_cache import file_stamps

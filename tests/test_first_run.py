@@ -52,6 +52,7 @@ def test_the_sample_holds_what_its_readme_says():
     assert sum(p.stat().st_size for p in SAMPLE.rglob("*.jpg")) < 5_000_000  # a few MB in every clone
 
 
+@pytest.mark.slow
 def test_a_fit_ends_with_its_best_checkpoint_its_score_its_test_figure_and_its_metrics(tmp_path):
     folder = workspace(tmp_path)
     flags = ["--trainer.max_epochs", "2", "--trainer.limit_train_batches", "3"]
@@ -90,5 +91,5 @@ def test_the_first_command_trains_offline_to_the_accuracy_the_readme_states(tmp_
     assert summary["monitor"] == "val/acc"
     # The figure holds within a few points on another CPU, whose kernels round differently.
     assert float(summary["score"]) >= stated - 0.04, (summary["score"], stated)
-    stated_test = float(re.search(r"images of `test/` \(about (0\.\d+)\)", readme).group(1))
+    stated_test = float(re.search(r"images of `test/` \(about (0\.\d+)[;)]", readme).group(1))
     assert float(summary["test"]) >= stated_test - 0.04, (summary["test"], stated_test)

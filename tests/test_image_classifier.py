@@ -1,4 +1,5 @@
 import lightning as L
+import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -60,6 +61,7 @@ def test_no_weight_decay_on_norm_and_bias():
     assert all(p.ndim > 1 for p in decay["params"]) and all(p.ndim == 1 for p in no_decay["params"])
 
 
+@pytest.mark.slow
 def test_one_cycle_gets_total_steps_and_steps_per_batch(tmp_path):
     from functools import partial
 

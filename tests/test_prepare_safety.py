@@ -318,6 +318,7 @@ def test_a_read_only_parent_folder_is_one_line(images, tmp_path, capsys):
     assert list(parent.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_a_split_whose_index_lists_no_chunk_is_never_marked_complete(images, tmp_path, capsys, monkeypatch):
     optimize = litdata.optimize
 

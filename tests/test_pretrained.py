@@ -114,6 +114,7 @@ def test_layer_decay_scales_each_timm_stage_below_the_next():
     assert min(max_lrs) == pytest.approx(0.5**top)
 
 
+@pytest.mark.slow
 def test_timm_weights_that_cannot_be_downloaded_are_one_line_at_once(tmp_path):
     # An empty hub cache and a hub whose name does not resolve (.invalid never does): a machine offline.
     env = {**subprocess_env(), "HF_HOME": str(tmp_path / "hf"), "HF_ENDPOINT": "https://hub.invalid"}

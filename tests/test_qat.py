@@ -34,6 +34,7 @@ def batchnorm_training_flags(graph) -> list[bool]:
     return [n.args[5] for n in graph.graph.nodes if n.target == torch.ops.aten.batch_norm.default]
 
 
+@pytest.mark.slow
 def test_prepare_train_freeze_convert_a_residual_block():
     torch.manual_seed(0)
     net = tiny_resnet()

@@ -62,6 +62,7 @@ def test_no_logging_interval_warning_on_a_short_epoch(printed):
     assert "site-packages" not in printed["fit"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", ["fit", "test", "predict"])
 def test_an_offline_wandb_run_is_one_line_saying_where_it_is(printed, command):
     out = printed[command]

@@ -291,6 +291,7 @@ def test_a_network_of_another_width_than_the_task_needs_is_one_line(tmp_path):
 
 
 # -- reading values ------------------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_a_values_csv_gives_float_targets_and_a_split_that_keeps_their_spread(tmp_path):
     csv_file = values_csv(tmp_path / "data", n=40)
     data = ImageCSVDataModule(

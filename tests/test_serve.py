@@ -143,6 +143,7 @@ def test_api_from_onnx_in_process(exported, trained_run):
     assert single["probability"] == pytest.approx(answers[0]["probability"], rel=1e-5)
 
 
+@pytest.mark.slow
 def test_api_from_an_aoti_package_in_process_answers_as_eager(exported_aoti, trained_run):
     api = ClassifierAPI(aoti_path=str(exported_aoti), max_batch_size=4, top_k=3)
     api.setup("cpu")

@@ -52,6 +52,7 @@ def fit_args(tmp_path: Path) -> list[str]:
     return [str(a) for a in args]
 
 
+@pytest.mark.slow
 def test_start_up_runs_without_full_garbage_collections_and_training_with_them(tmp_path):
     out = tmp_path / "probe.json"
     args = [*fit_args(tmp_path), "--trainer.callbacks+=tests.test_startup.StartupProbe"]
@@ -64,6 +65,7 @@ def test_start_up_runs_without_full_garbage_collections_and_training_with_them(t
     assert state["enabled"] and state["frozen"] > 100_000, state
 
 
+@pytest.mark.slow
 def test_the_installed_environment_starts_lightning_without_a_plotting_library():
     # Where matplotlib is installed, importing Lightning imports matplotlib.pyplot (torchmetrics' plotting
     # module does), in every command: it is the `plots` extra, not a dependency of the core.
@@ -95,6 +97,7 @@ def record_collector(args: list[str]) -> None:
     SEEN["enabled"] = gc.isenabled()
 
 
+@pytest.mark.slow
 def test_a_fit_dumps_its_config_twice_and_never_validating_it_again(tmp_path, monkeypatch):
     """Parsing validated the config: a fit dumps it once for the run's plan and the task's saved hyperparameters
     (LightningCLI's instantiators read that dump instead of making their own) and once for config.yaml, and

@@ -62,6 +62,7 @@ def fit_args(input_dir: Path | str, root: Path, *extra: object) -> list[str]:
     return [str(a) for a in [*args, *extra]]
 
 
+@pytest.mark.slow
 def test_prepare_writes_splits_and_metadata(prepared):
     meta = json.loads((prepared / METADATA).read_text())
     assert meta["classes"] == ["c0", "c1"] and meta["targets"] == "classes"
@@ -76,6 +77,7 @@ def test_prepare_writes_splits_and_metadata(prepared):
     assert sorted(seen) == [0] * 5 + [1] * 5  # every training image once, its label with it
 
 
+@pytest.mark.slow
 def test_testing_a_dataset_without_a_test_split_says_which_split_it_scored(prepared, capsys):
     data = StreamingImageDataModule(str(prepared), image_size=8, batch_size=4, num_workers=0)
     data.setup("test")
@@ -84,6 +86,7 @@ def test_testing_a_dataset_without_a_test_split_says_which_split_it_scored(prepa
     assert line.startswith("warning: the dataset has no test split: testing on the validation split")
 
 
+@pytest.mark.slow
 def test_prepare_fit_predict_through_the_cli(prepared, tmp_path):
     main(fit_args(prepared, tmp_path, "--trainer.max_steps", "2", "--trainer.limit_val_batches", "1"))
     (ckpt,) = tmp_path.glob("runs/version_*/checkpoints/last.ckpt")
@@ -150,6 +153,7 @@ class InMemorySource(ImageDataModule):
         )
 
 
+@pytest.mark.slow
 def test_prepare_reads_any_source_that_lists_its_samples_and_only_those(tmp_path, capsys):
     out = tmp_path / "prepared"
     args = ["prepare", "--data", f"{__name__}.InMemorySource", "--model.net", "project.models.SimpleCNN"]
@@ -201,6 +205,7 @@ def test_prepare_cifar_from_torchvision_files_and_fit(tmp_path):
     assert list(tmp_path.glob("runs/version_*/checkpoints/last.ckpt"))
 
 
+@pytest.mark.slow
 def test_prepare_refuses_a_complete_dataset_without_overwrite(prepared, capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(prepare_args(prepared.parent / "images", prepared))

@@ -144,6 +144,7 @@ def test_batch_size_finder_is_bounded_by_the_dataset(fake_cifar, tmp_path, capsy
     assert not [r for r in records if "will continue with full run" in r], records
 
 
+@pytest.mark.slow
 def test_batch_size_finder_after_oom_keeps_the_effective_batch(fake_cifar, tmp_path, capsys):
     args = command_args(BATCH_SIZE_APPLY) + tiny_args(fake_cifar, tmp_path, batch_size=64)
     args += [
