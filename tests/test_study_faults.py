@@ -23,7 +23,7 @@ from project.cli import main
 from project.errors import UserError
 from project.run.redaction import redact_command
 from project.studies.runner import claim_folder
-from project.studies.storage import check_url, lost
+from project.studies.storage import check_url, lost, open_storage
 from project.studies.tune import _optuna_says_one_line
 from tests.conftest import PACKAGE, ROOT, subprocess_env
 from tests.folder_fits import tiny_fit_args, tiny_folder
@@ -385,3 +385,29 @@ def test_a_search_metric_the_fit_never_logs_stops_the_study_after_its_first_vali
     assert "trial 1" not in proc.stdout  # the study stopped at its first trial
     # Said once: by the study, not again by the trial's fit that found it.
     assert (proc.stdout + proc.stderr).count("is never logged by the fit") == 1, proc.stderr[-4000:]
+
+
+def test_a_storage_whose_tables_another_process_created_at_the_same_moment_opens(monkeypatch):
+    """Two tune workers starting on a new PostgreSQL database both create Optuna's tables; the one that loses
+    gets a duplicate-key error from the catalogue, and opens the tables the other made."""
+    import optuna
+    from sqlalchemy.exc import IntegrityError
+
+    lost_race = IntegrityError(
+        "CREATE TABLE studies ...", {}, Exception('duplicate key value violates unique constraint '
+                                                  '"pg_type_typname_nsp_index"'),
+    )  # fmt: skip
+    calls = []
+
+    def storage(url, **settings):
+        calls.append(url)
+        if len(calls) == 1:
+            raise lost_race
+        return "opened"
+
+    monkeypatch.setattr(optuna.storages, "RDBStorage", storage)
+    assert open_storage("postgresql://user@127.0.0.1:5432/studies") == "opened" and len(calls) == 2
+    # Any other failure is still one line at once.
+    monkeypatch.setattr(optuna.storages, "RDBStorage", lambda url, **s: (_ for _ in ()).throw(lost_race.orig))
+    with pytest.raises(Exception, match="duplicate key"):
+        open_storage("postgresql://user@127.0.0.1:5432/studies")

@@ -11,6 +11,7 @@ that names the database by its host (never its password) and says what to do:
 """
 
 import contextlib
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -159,13 +160,38 @@ def open_storage(url: str, flag: str = "--storage", **settings: Any) -> Any:
     check_url(url, flag)
     with warnings.catch_warnings():  # the heartbeat and its retry callback are marked experimental
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        try:
-            return optuna.storages.RDBStorage(url, **settings)
-        except Exception as e:
-            reason = database_reason(e, url)
-            if reason is None:
-                raise
-            raise UserError(
-                f"{flag}: cannot open the {where(url)} ({reason}): check that the server is running, reachable "
-                "and accepts this user, and that the database exists"
-            ) from None
+        for attempt in range(TABLE_RACE_RETRIES + 1):
+            try:
+                return optuna.storages.RDBStorage(url, **settings)
+            except Exception as e:
+                if attempt < TABLE_RACE_RETRIES and _tables_made_meanwhile(e):
+                    # Two processes opening a new database at once both create Optuna's tables, and PostgreSQL
+                    # refuses the second CREATE TABLE: by now the first has made them, and they open.
+                    time.sleep(0.2 * (attempt + 1))
+                    continue
+                reason = database_reason(e, url)
+                if reason is None:
+                    raise
+                raise UserError(
+                    f"{flag}: cannot open the {where(url)} ({reason}): check that the server is running, "
+                    "reachable and accepts this user, and that the database exists"
+                ) from None
+    raise AssertionError("unreachable: the last attempt returns or raises")
+
+
+#: Times a storage is opened again after its tables were created by another process at the same moment.
+TABLE_RACE_RETRIES = 3
+
+
+def _tables_made_meanwhile(error: BaseException) -> bool:
+    """Whether `error` is a CREATE TABLE that lost to another process's (a duplicate type or relation)."""
+    from sqlalchemy.exc import IntegrityError, ProgrammingError
+
+    seen: BaseException | None = error
+    while seen is not None:
+        if isinstance(seen, IntegrityError | ProgrammingError) and (
+            "pg_type_typname_nsp_index" in str(seen) or "already exists" in str(seen)
+        ):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
