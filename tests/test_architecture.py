@@ -163,6 +163,44 @@ def test_the_cycle_check_sees_a_cycle_across_packages():
     assert sorted(map(sorted, strongly_connected(graph))) == [["p.a.x", "p.b", "p.b.y"], ["p.c", "p.c.z"]]
 
 
+def mixins(cls: type) -> list[str]:
+    """The package's classes among `cls`'s ancestors that are not DataModules themselves: mixed-in behaviour."""
+    import lightning as L
+
+    return [
+        base.__name__
+        for base in cls.__mro__[1:]
+        if base.__module__.partition(".")[0] == PACKAGE and not issubclass(base, L.LightningDataModule)
+    ]
+
+
+def test_data_modules_are_composed_not_mixed_in():
+    """A DataModule holds what it is made of (its folds, its augmentation, its datasets) rather than inheriting it
+    from mixins: each of the package's is one chain of DataModules."""
+    import importlib
+    import inspect
+    import pkgutil
+
+    import lightning as L
+
+    data = importlib.import_module(f"{PACKAGE}.data")
+    found = {}
+    for info in pkgutil.iter_modules(data.__path__, f"{PACKAGE}.data."):
+        for _, cls in inspect.getmembers(importlib.import_module(info.name), inspect.isclass):
+            if issubclass(cls, L.LightningDataModule) and cls.__module__ == info.name:
+                found[cls.__name__] = mixins(cls)
+    assert len(found) >= 3, found  # the image base, the files base and a source at least
+    assert {name: bases for name, bases in found.items() if bases} == {}
+
+
+def test_the_rule_sees_a_mixin():
+    import lightning as L
+
+    mixin = type("FoldsMixin", (), {"__module__": f"{PACKAGE}.data.x"})
+    mixed = type("MixedDataModule", (mixin, L.LightningDataModule), {"__module__": f"{PACKAGE}.data.x"})
+    assert mixins(mixed) == ["FoldsMixin"]
+
+
 FIT_IMPORTS = f"""
 import sys
 from {PACKAGE}.cli import main

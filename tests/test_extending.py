@@ -140,3 +140,26 @@ def test_add_a_dataset_scans_as_written(tmp_path):
     assert data.class_names == ["c0", "c1"] and len(data.train_set) + len(data.val_set) == 12
     x, y = next(iter(data.train_dataloader()))
     assert x.shape[1:] == (3, 8, 8) and set(y.tolist()) <= {0, 1}
+
+
+@pytest.mark.slow
+def test_a_source_of_streams_fits_validates_and_tests_through_the_cli(tmp_path):
+    """A user's source whose datasets are streams (`IterableDataset`s dealing their own samples, in
+    tests/contracts/stream_source.py) needs no loaders of its own: `fit`, with two loader workers, trains on it,
+    validates, and tests the best checkpoint."""
+    config = tmp_path / "stream.yaml"
+    config.write_text(
+        "data:\n"
+        "  class_path: tests.contracts.stream_source.ShadeStreamDataModule\n"
+        "  init_args: {images: 32, batch_size: 8, num_workers: 2}\n"
+        "model:\n"
+        "  net: {class_path: SimpleCNN}\n"
+        "trainer: {max_epochs: 2, logger: false, enable_progress_bar: false}\n"
+    )
+    args = ["fit", "--config", config, "--trainer.default_root_dir", tmp_path / "logs"]
+    out = run_python("-m", PACKAGE, *args).stdout
+    best = re.search(r"best checkpoint: (\S+) \(val/acc ([\d.]+)\); test/acc ([\d.]+)", out)
+    assert best, out[-2000:]
+    assert Path(best[1]).is_file()
+    # dark and bright noise: told apart after two short epochs, or the stream never reached the network
+    assert float(best[2]) > 0.7 and float(best[3]) > 0.7, best[0]

@@ -8,7 +8,7 @@ import torch
 from torchvision import datasets
 
 from project.data.datamodule import ImageDataModule, LabelledSplits
-from project.data.folds import KFoldMixin
+from project.data.folds import Folds
 from project.data.image_cache import channel_mean_std
 from project.data.images import MAX_IMAGE_PIXELS
 from project.data.tensor_dataset import TensorImageDataset
@@ -45,7 +45,7 @@ _CIFAR100 = (
 _CLASSES = {"cifar10": _CIFAR10.split(), "cifar100": _CIFAR100.split()}
 
 
-class CIFARDataModule(KFoldMixin, ImageDataModule):
+class CIFARDataModule(ImageDataModule):
     """CIFAR-10 or CIFAR-100 from torchvision, with a seeded train/validation split.
 
     The 50,000 training images are split into `50,000 - val_size` for training and `val_size` for
@@ -58,8 +58,10 @@ class CIFARDataModule(KFoldMixin, ImageDataModule):
         data_dir: Where the dataset is (or is downloaded to).
         download: Download the dataset if it is not in `data_dir` (only in `prepare_data`, on one process).
         val_size: Training images held out for validation.
-        **kwargs: `num_folds` and `fold` (k-fold cross-validation over the training split, see `KFoldMixin`),
-            and the loader and augmentation settings of `ImageDataModule` (batch_size, num_workers, ...).
+        num_folds: Split the 50,000 training images into this many class-stratified folds (seeded by `seed`)
+            instead of the `val_size` split, for `python -m project cv`. Default: no folds.
+        fold: The fold that validates (0 to num_folds - 1); the other folds train.
+        **kwargs: The loader and augmentation settings of `ImageDataModule` (batch_size, num_workers, ...).
     """
 
     def __init__(
@@ -68,9 +70,12 @@ class CIFARDataModule(KFoldMixin, ImageDataModule):
         data_dir: str = "data",
         download: bool = True,
         val_size: int = 5000,
+        num_folds: int | None = None,
+        fold: int = 0,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        self.folds = Folds.of(num_folds, fold)
         if not 0 < val_size < _TRAIN_SIZE:
             raise UserError(
                 f"data.val_size must be between 1 and {_TRAIN_SIZE - 1} for {name}, got {val_size}"
@@ -158,8 +163,9 @@ class CIFARDataModule(KFoldMixin, ImageDataModule):
                 )
             perm = torch.randperm(len(images), generator=torch.Generator().manual_seed(self.seed))
             val_idx, train_idx = perm[: self.val_size], perm[self.val_size :]
-            if self.num_folds is not None:  # and the statistics of the training folds, not of all 50,000
-                train_idx, val_idx = map(torch.tensor, self.fold_indices(targets.tolist()))
+            if self.folds is not None:  # and the statistics of the training folds, not of all 50,000
+                folds = self.folds.split(targets.tolist(), self.seed, self.targets)
+                train_idx, val_idx = map(torch.tensor, folds)
                 if not self._given_stats:  # (a pretrained network's own stats stay)
                     self.mean, self.std = channel_mean_std(images[train_idx].split(4096))
             sample_transform = self.augment.sample_transform()

@@ -72,13 +72,6 @@ class ImageCSVDataModule(ImageFilesDataModule):
         label_columns: list[str] | None = None,
         **kwargs: Any,
     ) -> None:
-        self._given = {
-            "train": csv,
-            "val": val_csv,
-            "test": test_csv,
-            "predict": predict_csv,
-            "images": images,
-        }
         if label_columns is not None and label_column is not None:
             raise UserError(
                 "give data.label_column (one column of labels) or data.label_columns (0/1 columns), not both"
@@ -99,11 +92,18 @@ class ImageCSVDataModule(ImageFilesDataModule):
                 "data.label_separator is empty: give the text between tags (such as ';'), or leave it unset to "
                 "split tags at whitespace"
             )
+        super().__init__(**kwargs)
+        self._given = {
+            "train": csv,
+            "val": val_csv,
+            "test": test_csv,
+            "predict": predict_csv,
+            "images": images,
+        }
         self.path_column, self.label_column, self.label_columns = path_column, label_column, label_columns
         self.target_kind = Values if values else Tags if multilabel or label_columns is not None else Classes
         self.label_separator = label_separator
         self._found: tuple[dict[str, Path], Path | None, Path, FileFinder] | None = None
-        super().__init__(**kwargs)
 
     def _files(self) -> tuple[dict[str, Path], Path | None, Path, FileFinder]:
         """(the CSV of each split, the CSV to predict, the images' folder, its file finder), checked once."""
@@ -361,9 +361,9 @@ class ImageCSVDataModule(ImageFilesDataModule):
         return str(self.csvs["train"])
 
     # -- splits and prediction ----------------------------------------------------------------------------------
-    def folds_with_val_split(self) -> str:
+    def folds_with_val_split(self, num_folds: int) -> str:
         return (
-            f"data.num_folds={self.num_folds} with data.val_csv {self.csvs['val']}: the folds are drawn from the "
+            f"data.num_folds={num_folds} with data.val_csv {self.csvs['val']}: the folds are drawn from the "
             "training CSV, so the validation CSV would be ignored. Append its rows to the training CSV to "
             "cross-validate over all of them, or drop data.num_folds to validate on it"
         )

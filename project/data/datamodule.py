@@ -8,7 +8,7 @@ import lightning as L
 import torch
 from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy
 from torch import Tensor
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from project.data.augment import BatchAugmentation, normalize
 from project.data.samplers import ResumableLoader, ResumableSampler, ShardSampler, run_seed
@@ -223,6 +223,10 @@ class ImageDataModule(L.LightningDataModule):
             # (augmentation, dropout) must not depend on when loaders are created (a resume creates them anew).
             generator=torch.Generator().manual_seed(run_seed()),
         )
+        if isinstance(dataset, IterableDataset):
+            # A dataset that deals its own samples to the processes and workers (a stream): no sampler,
+            # and the loader `iterable_loader` makes keeps its place in the epoch for a checkpoint.
+            return self.iterable_loader(dataset, drop_last=train, **settings)
         if not train:
             if not self._uneven_shards_ok(len(dataset), batch_size):  # pyright: ignore[reportArgumentType]
                 return DataLoader(dataset, **settings)  # Lightning shards it, padding with repeated samples
@@ -239,6 +243,11 @@ class ImageDataModule(L.LightningDataModule):
         drop_last = len(dataset) >= batch_size * world_size  # pyright: ignore[reportArgumentType]
         sampler = ResumableSampler(dataset, world_size, rank, shuffle=True, seed=run_seed())
         return ResumableLoader(dataset, sampler, drop_last=drop_last, **settings)
+
+    def iterable_loader(self, dataset: IterableDataset, **settings: Any) -> DataLoader:
+        """The loader of a dataset that deals its own samples: a plain `DataLoader`, unless the dataset needs
+        its own kind to save and restore its position (a DataModule of such datasets overrides this)."""
+        return DataLoader(dataset, **settings)
 
     def train_dataloader(self) -> DataLoader:
         if (

@@ -26,8 +26,8 @@ class ImageFolderDataModule(ImageFilesDataModule):
     """
 
     def __init__(self, root: str, **kwargs: Any) -> None:
-        self.root = Path(root).expanduser()
         super().__init__(**kwargs)
+        self.root = Path(root).expanduser()
 
     @property
     def train_dir(self) -> Path:
@@ -55,9 +55,9 @@ class ImageFolderDataModule(ImageFilesDataModule):
         folder = {"val": self.val_dir, "test": self.test_dir}.get(split)
         return None if folder is None else scan_class_folders(folder, self.class_names)
 
-    def folds_with_val_split(self) -> str:
+    def folds_with_val_split(self, num_folds: int) -> str:
         return (
-            f"data.num_folds={self.num_folds} with the validation folder {self.val_dir}: the folds are drawn from "
+            f"data.num_folds={num_folds} with the validation folder {self.val_dir}: the folds are drawn from "
             f"the training images, so that folder would be ignored. Move its images into {self.root / 'train'}"
             "/<class>/ to cross-validate over all of them, or drop data.num_folds to validate on it"
         )

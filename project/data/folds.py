@@ -8,6 +8,7 @@ multi-label validation splits.
 """
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -132,29 +133,42 @@ def fold_split(
     return train, folds[fold]
 
 
-class KFoldMixin:
-    """`num_folds` and `fold` for a DataModule (listed before `ImageDataModule` among its bases): its training
-    images split into stratified folds, seeded by `data.seed`, one of which validates (`fold_indices`): by
-    class, by quantile bins of real values, or keeping every tag's share (`iterative_stratification`).
+@dataclass(frozen=True)
+class Folds:
+    """Cross-validation's split of a training split: `count` stratified folds, of which fold `fold` validates
+    and the others train. A DataModule that can be cross-validated holds one (`folds`, made from its
+    `num_folds` and `fold` settings by `Folds.of`; None without them) and asks it for its two parts.
 
-    Args:
-        num_folds: Split the training images into this many stratified folds (seeded by `seed`) instead of
-            the DataModule's own validation split (for `python -m project cv`). Default: no folds.
-        fold: The fold that validates (0 to num_folds - 1); the other folds train.
+    Folds computed from the labels (`split`) are stratified by the kind of target, as `make_folds` says;
+    folds a tool stored one after another (`prepare --num_folds`) are read back as ranges (`stored_rows`).
     """
 
-    def __init__(self, *args: Any, num_folds: int | None = None, fold: int = 0, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    count: int
+    fold: int = 0
+
+    def __post_init__(self) -> None:
+        check_fold_args(self.count, self.fold)
+
+    @staticmethod
+    def of(num_folds: int | None, fold: int) -> "Folds | None":
+        """The folds `data.num_folds` and `data.fold` describe; None without num_folds (a UserError for a
+        fold given without it, or one outside the folds)."""
         check_fold_args(num_folds, fold)
-        self.num_folds, self.fold = num_folds, fold
+        return None if num_folds is None else Folds(num_folds, fold)
 
-    #: What the DataModule this is mixed into provides.
-    seed: int
-    targets: TargetKind
+    def check(self, labels: Sequence[Any], targets: TargetKind) -> None:
+        """A UserError when a class (or tag) has fewer images than folds: checked when the labels are first
+        read, before anything trains."""
+        check_class_counts(labels, self.count, targets)
 
-    def fold_indices(self, labels: Sequence[Any]) -> tuple[list[int], list[int]]:
-        """(train indices, validation indices) of fold `fold`; a UserError for a class smaller than the folds."""
-        if self.num_folds is None:
-            raise RuntimeError("fold_indices needs data.num_folds")
-        check_class_counts(labels, self.num_folds, self.targets)
-        return fold_split(labels, self.num_folds, self.fold, self.seed, self.targets)
+    def split(self, labels: Sequence[Any], seed: int, targets: TargetKind) -> tuple[list[int], list[int]]:
+        """(train indices, validation indices) of `labels` (of the kind `targets`), dealt by `seed`."""
+        self.check(labels, targets)
+        return fold_split(labels, self.count, self.fold, seed, targets)
+
+    def stored_rows(self, sizes: Sequence[int]) -> tuple[list[int], list[int]]:
+        """(training rows, validation rows) of a split stored fold after fold, the folds `sizes` long: each
+        fold is one range of rows."""
+        start = sum(sizes[: self.fold])
+        end = start + sizes[self.fold]
+        return [*range(start), *range(end, sum(sizes))], list(range(start, end))

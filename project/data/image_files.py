@@ -15,7 +15,7 @@ import torch
 from torch.utils.data import Dataset
 
 from project.data.datamodule import ImageDataModule, LabelledSplits
-from project.data.folds import KFoldMixin, check_class_counts, iterative_stratification
+from project.data.folds import Folds, iterative_stratification
 from project.data.image_cache import (
     ImageCache,
     default_cache_dir,
@@ -42,7 +42,7 @@ from project.machine import available_cpus
 MAX_IMAGE_SIZE = 8192
 
 
-class ImageFilesDataModule(KFoldMixin, ImageDataModule):
+class ImageFilesDataModule(ImageDataModule):
     """Labelled image files of any size and mode, resized once to `image_size` and cached.
 
     Subclasses implement `scan(split)`: the files of `train` (required), `val` and `test` (None when the source
@@ -76,11 +76,14 @@ class ImageFilesDataModule(KFoldMixin, ImageDataModule):
             cache takes N x 3 x cache_size^2 bytes. Default: `image_size`.
         source_scale: The side of those squares as a multiple of `image_size` instead (1.5: 96 px at 64, 144 at
             96), so that a recipe's source grows with its input; give it or `cache_size`, not both.
-        **kwargs: `num_folds` and `fold` (k-fold cross-validation over the training images, see `KFoldMixin`),
-            and the loader and augmentation settings of `ImageDataModule` (batch_size, num_workers, ...).
+        num_folds: Split the training images into this many stratified folds (seeded by `seed`: by class, by
+            quantile bins of values, keeping every tag's share) instead of a validation split, for `python -m
+            project cv`. Default: no folds.
+        fold: The fold that validates (0 to num_folds - 1); the other folds train.
+        **kwargs: The loader and augmentation settings of `ImageDataModule` (batch_size, num_workers, ...).
     """
 
-    #: The kind of the labels `scan` gives (a source whose settings choose it sets it before `__init__`).
+    #: The kind of the labels `scan` gives (a source whose settings choose it sets it in its `__init__`).
     target_kind: type[TargetKind] = Classes
 
     def __init__(
@@ -96,6 +99,8 @@ class ImageFilesDataModule(KFoldMixin, ImageDataModule):
         predict_root: str | None = None,
         cache_size: int | None = None,
         source_scale: float | None = None,
+        num_folds: int | None = None,
+        fold: int = 0,
         **kwargs: Any,
     ) -> None:
         if not 1 <= image_size <= MAX_IMAGE_SIZE:  # before crop_padding, which defaults to a share of it
@@ -120,6 +125,7 @@ class ImageFilesDataModule(KFoldMixin, ImageDataModule):
                 f"data.cache_size must be between image_size={image_size} and {MAX_IMAGE_SIZE}, got {cache_size}"
             )
         super().__init__(**kwargs)
+        self.folds = Folds.of(num_folds, fold)
         self.image_size = image_size
         #: The side of the images stored (and read): the network's input, or the larger source it is cut from.
         self.source_size: int = cache_size or image_size
@@ -150,10 +156,10 @@ class ImageFilesDataModule(KFoldMixin, ImageDataModule):
                 "data.val_fraction must be in (0, 1) when the data has no validation split, got "
                 f"{self.val_fraction}"
             )
-        if self.num_folds is not None:
+        if self.folds is not None:
             if has_val:
-                raise UserError(self.folds_with_val_split())
-            check_class_counts(train.labels, self.num_folds, self.targets)
+                raise UserError(self.folds_with_val_split(self.folds.count))
+            self.folds.check(train.labels, self.targets)
 
     # -- what a source defines ---------------------------------------------------------------------------------
     def scan(self, split: str) -> LabelledFiles | None:
@@ -166,10 +172,10 @@ class ImageFilesDataModule(KFoldMixin, ImageDataModule):
         """Where the training labels come from, as warnings about them name it."""
         return str(getattr(self, "train_dir", "the training data"))
 
-    def folds_with_val_split(self) -> str:
+    def folds_with_val_split(self, num_folds: int) -> str:
         """The message for `num_folds` given with a source that has its own validation split."""
         return (
-            f"data.num_folds={self.num_folds}: the folds are drawn from the training images, and the data has a "
+            f"data.num_folds={num_folds}: the folds are drawn from the training images, and the data has a "
             "validation split of its own that would be ignored; drop data.num_folds to validate on it"
         )
 
@@ -303,8 +309,8 @@ class ImageFilesDataModule(KFoldMixin, ImageDataModule):
         """Stratified, seeded split of the training files: (train indices, val indices). A UserError when no
         image is left to validate on."""
         labels = self.scanned("train").labels
-        if self.num_folds is not None:
-            return self.fold_indices(labels)
+        if self.folds is not None:
+            return self.folds.split(labels, self.seed, self.targets)
         strata = self.targets.strata(labels)
         if strata is None:  # tag sets
             train_idx, val_idx = iterative_stratification(

@@ -27,9 +27,9 @@ STATS_SAMPLES = 2000
 def read_source(data: Any) -> LabelledSplits:
     """The samples of a DataModule built from the source's config, split by split (any DataModule whose
     `labelled_splits` lists them: class folders, CSVs, CIFAR, a user's own)."""
-    if getattr(data, "num_folds", None) is not None:
+    if (folds := getattr(data, "folds", None)) is not None:
         raise UserError(
-            f"data.num_folds={data.num_folds}: prepare stores the whole training split and records its folds "
+            f"data.num_folds={folds.count}: prepare stores the whole training split and records its folds "
             "itself (--num_folds); drop data.num_folds"
         )
     return data.labelled_splits()

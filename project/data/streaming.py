@@ -13,16 +13,15 @@ from typing import Any
 import numpy as np
 import torch
 from torch import Tensor
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, IterableDataset
 
 from project.data.datamodule import ImageDataModule
-from project.data.folds import KFoldMixin
+from project.data.folds import Folds
 from project.data.images import MAX_IMAGE_PIXELS, decode_image
 from project.data.samplers import run_seed
 from project.data.streaming_metadata import METADATA, read_metadata
 from project.data.targets import TargetKind, kind_named
 from project.errors import UserError, warn
-from project.machine import available_cpus
 
 #: Lightning's notices about a litdata loader that do not hold for this DataModule's: litdata gives every loader
 #: worker its own chunks (so the dataset's `__len__` holds with many workers), and predictions are named by the
@@ -98,7 +97,7 @@ def resumable_loader_class() -> type:
     return _LOADER_CLASS[0]
 
 
-class StreamingImageDataModule(KFoldMixin, ImageDataModule):
+class StreamingImageDataModule(ImageDataModule):
     """Images streamed from a dataset prepared by `python -m project prepare`: class names, the kind of
     target, the splits and the training images' mean and std come from its metadata.
 
@@ -121,9 +120,10 @@ class StreamingImageDataModule(KFoldMixin, ImageDataModule):
         cache_dir: Where chunks downloaded from a URL are kept; default: litdata's own cache folder.
         max_cache_size: Most disk the downloaded chunks may take (e.g. "50GB"); older chunks are evicted.
         predict_split: The split `predict` reads (`test`, `val` or `train`); default: test, else val.
-        **kwargs: `num_folds` and `fold` (cross-validation over the folds `prepare --num_folds` recorded: fold
-            `fold` of the training split validates, the others train; num_folds must be the number recorded),
-            and the loader and augmentation settings of `ImageDataModule` (batch_size, num_workers, ...).
+        num_folds: Cross-validate over the folds `prepare --num_folds` recorded (for `python -m project cv`):
+            it must be the number recorded. Default: no folds.
+        fold: The fold of the training split that validates (0 to num_folds - 1); the others train.
+        **kwargs: The loader and augmentation settings of `ImageDataModule` (batch_size, num_workers, ...).
     """
 
     def __init__(
@@ -134,6 +134,8 @@ class StreamingImageDataModule(KFoldMixin, ImageDataModule):
         cache_dir: str | None = None,
         max_cache_size: str = "100GB",
         predict_split: str | None = None,
+        num_folds: int | None = None,
+        fold: int = 0,
         **kwargs: Any,
     ) -> None:
         if image_size < 1:
@@ -141,6 +143,7 @@ class StreamingImageDataModule(KFoldMixin, ImageDataModule):
         if decode_size is not None and decode_size < image_size:
             raise UserError(f"data.decode_size must be at least image_size={image_size}, got {decode_size}")
         super().__init__(**kwargs)
+        self.folds = Folds.of(num_folds, fold)
         self.input_dir = input_dir if "://" in input_dir else str(Path(input_dir).expanduser())
         self.image_size = image_size
         self.source_size: int = decode_size or image_size
@@ -162,11 +165,12 @@ class StreamingImageDataModule(KFoldMixin, ImageDataModule):
                     f"({', '.join(splits)})"
                 )
             folds = meta.get("folds")
-            if self.num_folds is not None and (not folds or len(folds["sizes"]) != self.num_folds):
+            count = None if self.folds is None else self.folds.count
+            if count is not None and (not folds or len(folds["sizes"]) != count):
                 recorded = f"with {len(folds['sizes'])} folds" if folds else "without folds"
                 raise UserError(
-                    f"data.num_folds={self.num_folds}: {self.input_dir} was prepared {recorded}; prepare it "
-                    f"again with --num_folds {self.num_folds}, or set data.num_folds to the number recorded"
+                    f"data.num_folds={count}: {self.input_dir} was prepared {recorded}; prepare it "
+                    f"again with --num_folds {count}, or set data.num_folds to the number recorded"
                 )
             if not self._given_stats:  # (a pretrained network's own stats stay)
                 self.mean, self.std = tuple(meta["mean"]), tuple(meta["std"])
@@ -223,14 +227,21 @@ class StreamingImageDataModule(KFoldMixin, ImageDataModule):
     def setup(self, stage: str) -> None:
         # Made here, after the processes have joined: litdata reads the distributed environment when a dataset is
         # created, to give each process its own chunks.
+        if stage == "fit" and (self.augment.flip == "alternate" or self.augment.trivial_augment):
+            key = "flip alternate" if self.augment.flip == "alternate" else "trivial_augment true"
+            raise UserError(
+                f"data.augment.{key} needs the images in memory (CIFAR, or image files with data.cache true), "
+                "not streamed from chunks"
+            )
         for notice in LOADER_NOTICES:
             warnings.filterwarnings("ignore", message=notice)
         self._check_every_process_gets_a_batch(stage)
-        if self.train_set is None and self.num_folds is None:
+        if self.train_set is None and self.folds is None:
             self.train_set = self._dataset("train", train=True)
             self.val_set = self._dataset("val")
         elif self.train_set is None:  # fold `fold` of the training split validates, the others train
-            train_rows, val_rows = self.fold_rows()
+            assert self.folds is not None
+            train_rows, val_rows = self.folds.stored_rows(self.meta["folds"]["sizes"])
             self.train_set = self._dataset("train", train=True).subset(train_rows)
             self.val_set = self._dataset("train").subset(val_rows)
         if stage == "test" and self.test_set is None:
@@ -259,7 +270,7 @@ class StreamingImageDataModule(KFoldMixin, ImageDataModule):
         processes = self._world()[0]
         splits = {"fit": ["train", "val"], "validate": ["val"], "test": ["test" if "test" in self.meta["splits"]
                   else "val"], "predict": [self.predict_split]}.get(stage, [])  # fmt: skip
-        for split in splits if processes > 1 and self.num_folds is None else []:
+        for split in splits if processes > 1 and self.folds is None else []:
             count = self.meta["splits"][split]
             if count < processes * self.batch_size:
                 raise UserError(
@@ -268,48 +279,8 @@ class StreamingImageDataModule(KFoldMixin, ImageDataModule):
                     f"{max(1, count // processes)} or below, or run on fewer processes"
                 )
 
-    def fold_rows(self) -> tuple[list[int], list[int]]:
-        """(training rows, validation rows) of the training split for fold `fold`: prepare stores the split fold
-        after fold, so a fold is one range of rows."""
-        sizes = self.meta["folds"]["sizes"]
-        start = sum(sizes[: self.fold])
-        end = start + sizes[self.fold]
-        return [*range(start), *range(end, sum(sizes))], list(range(start, end))
-
-    def _streaming_loader(self, dataset: Any, train: bool = False) -> DataLoader:
-        if dataset is None:
-            raise RuntimeError(f"{type(self).__name__}: call setup() first")
-        workers = min(8, available_cpus()) if self.num_workers is None else self.num_workers
-        return resumable_loader_class()(
-            dataset,
-            batch_size=self.batch_size,
-            num_workers=workers,
-            pin_memory=self.pin_memory,
-            persistent_workers=self.persistent_workers and workers > 0,
-            prefetch_factor=self.prefetch_factor if workers > 0 else None,
-            drop_last=train,
-            # Workers' seeds come from here, not from a draw of the global generator, whose sequence of draws
-            # (augmentation) must not depend on when loaders are iterated (a resume iterates them anew).
-            generator=torch.Generator().manual_seed(run_seed()),
-        )
-
-    def train_dataloader(self) -> DataLoader:
-        if self.augment.flip == "alternate" or self.augment.trivial_augment:
-            key = "flip alternate" if self.augment.flip == "alternate" else "trivial_augment true"
-            raise UserError(
-                f"data.augment.{key} needs the images in memory (CIFAR, or image files with data.cache true), "
-                "not streamed from chunks"
-            )
-        return self._streaming_loader(self.train_set, train=True)
-
-    def val_dataloader(self) -> DataLoader:
-        return self._streaming_loader(self.val_set)
-
-    def test_dataloader(self) -> DataLoader:
-        return self._streaming_loader(self.test_set)
-
-    def predict_dataloader(self) -> DataLoader:
-        return self._streaming_loader(self.predict_set)
+    def iterable_loader(self, dataset: IterableDataset, **settings: Any) -> DataLoader:
+        return resumable_loader_class()(dataset, **settings)
 
 
 __all__ = ["METADATA", "StreamingImageDataModule", "read_metadata"]

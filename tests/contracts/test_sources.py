@@ -25,6 +25,7 @@ from project.data import (
 from project.data.targets import Classes, Tags, TargetKind, Values, kind_named
 from project.errors import UserError
 from tests.contracts import tiny_data
+from tests.contracts.stream_source import ShadeStreamDataModule
 
 #: Loader settings of every source here: small batches, in this process.
 LOADER = {"batch_size": 4, "num_workers": 0}
@@ -104,6 +105,8 @@ SOURCES = [
     # part: streaming
     Source("streaming", Classes, streaming, prepared_chunks),
     # /part: streaming
+    # Not shipped: a source of another shape as a user writes one (tests/contracts/stream_source.py).
+    Source("user-stream", Classes, lambda root: ShadeStreamDataModule(**LOADER), lambda root: None),
 ]  # fmt: skip
 
 
