@@ -17,7 +17,7 @@ import torch.nn.functional as F
 import torchvision
 
 from benchmarks.common import build_cli, emit, machine, plain_loader
-from project.data.image_cache import default_cache_dir
+from project.data.decoded_cache import default_cache_dir
 from project.models import SimpleCNN
 
 

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from benchmarks.common import CIFAR10_MEAN, CIFAR10_STD, emit, machine
-from project.data.images import decode_image, scan_class_folders
+from project.data.image_reading import decode_image, scan_class_folders
 
 HYP = {
     "opt": {"train_epochs": 9.9, "batch_size": 1024, "lr": 11.5, "momentum": 0.85, "weight_decay": 0.0153,

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from benchmarks.common import Stopwatch, emit, machine, plain_loader
 from project.data import ImageFolderDataModule
-from project.data.image_cache import default_cache_dir
+from project.data.decoded_cache import default_cache_dir
 
 
 def measure(loader, batches: int, transform=None) -> float:

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 from benchmarks.common import build_cli, emit, machine
-from project.data.images import list_images
+from project.data.image_reading import list_images
 
 
 def write_csv(path: Path, root: Path, files: list[Path], strip_extension: bool = False) -> None:

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from PIL import Image
 
-from project.data.images import list_images
+from project.data.image_reading import list_images
 
 
 def canvases(

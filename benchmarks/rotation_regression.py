@@ -25,7 +25,7 @@ from pathlib import Path
 
 from PIL import Image
 
-from project.data.images import list_images
+from project.data.image_reading import list_images
 
 
 def rotated_crop(photo: Path, angle: float, size: int) -> Image.Image:

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 
 from benchmarks.common import build_cli, emit, machine, plain_loader
 from project.data import ImageFolderDataModule
-from project.data.image_cache import default_cache_dir
+from project.data.decoded_cache import default_cache_dir
 from project.models import CIFARResNet, SimpleCNN
 
 NETS = {"SimpleCNN": SimpleCNN, "CIFARResNet": CIFARResNet}

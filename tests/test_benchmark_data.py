@@ -45,7 +45,7 @@ def test_enlarged_copy_and_subset(jpegs, tmp_path):
 def test_a_csv_copy_of_class_folders_gives_the_folder_modules_files_labels_and_split(tmp_path):
     from benchmarks.labels_from_csv import write_csv as write_folder_csv
     from project.data import ImageFolderDataModule
-    from project.data.images import list_images
+    from project.data.image_reading import list_images
 
     for name in ("ant", "bee", "cow"):
         write_images(tmp_path / "ds" / name, 5, seed=len(name))

@@ -1,4 +1,4 @@
-"""Images with their labels in a CSV (project/data/csv_images.py): single- and multi-label, every bad CSV named
+"""Images with their labels in a CSV (project/data/csv_labels.py): single- and multi-label, every bad CSV named
 by file, row and value, the cache keyed by the CSV, validation splits and folds (iterative stratification for
 multi-label data), and a fit through the CLI."""
 

@@ -17,8 +17,8 @@ import torch
 from project.cli import main, split_args
 from project.data import CIFARDataModule, ImageFolderDataModule
 from project.data import targets as kinds
+from project.data.decoded_cache import channel_mean_std
 from project.data.folds import fold_split, stratified_folds
-from project.data.image_cache import channel_mean_std
 from project.errors import UserError
 from project.studies.cv import continues_alike, fold_numbers, parse_args
 from project.studies.cv_results import summarize

@@ -8,7 +8,7 @@ import torch
 from PIL import Image
 
 from project.data import CIFARDataModule, ImageFolderDataModule
-from project.data.image_cache import ImageCache
+from project.data.decoded_cache import ImageCache
 from project.errors import UserError
 
 
@@ -166,7 +166,7 @@ def test_cache_is_reused_rebuilt_on_change_and_written_atomically(image_folder, 
 
 
 def test_interrupted_cache_build_leaves_nothing(image_folder, tmp_path, monkeypatch):
-    import project.data.image_cache as image_cache
+    import project.data.decoded_cache as decoded_cache
 
     (image_folder / "c0" / "broken.jpg").unlink()
     files = sorted(image_folder.rglob("*.[jp][pn]g"))
@@ -174,7 +174,7 @@ def test_interrupted_cache_build_leaves_nothing(image_folder, tmp_path, monkeypa
     def boom(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(image_cache, "atomic_write_text", boom)
+    monkeypatch.setattr(decoded_cache, "atomic_write_text", boom)
     with pytest.raises(KeyboardInterrupt):
         ImageCache.load_or_build(files, 16, tmp_path / "cache")
     # The array may be in place but without its json marker it is not taken as complete: a rebuild follows.
@@ -198,7 +198,7 @@ def test_mean_std_matches_direct_computation(image_folder, tmp_path):
 
 
 def test_scan_finds_images_in_sorted_order_with_their_stamps(tmp_path):
-    from project.data.images import list_images, scan_class_folders
+    from project.data.image_reading import list_images, scan_class_folders
 
     names = [
         "b/2.png",
@@ -227,7 +227,7 @@ def test_scan_finds_images_in_sorted_order_with_their_stamps(tmp_path):
 @pytest.mark.slow
 def test_building_the_image_cache_leaves_the_global_generator_alone(tmp_path):
     """A run that builds the cache must draw the same random numbers afterwards as one that finds it built."""
-    from project.data.image_cache import ImageCache, sampled_mean_std
+    from project.data.decoded_cache import ImageCache, sampled_mean_std
     from tests.fakes import make_image_folder
 
     files = [str(p) for p in sorted((make_image_folder(tmp_path / "images", extras=False)).rglob("*.*"))]

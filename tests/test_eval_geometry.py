@@ -11,7 +11,7 @@ import torch
 from project.cli import main
 from project.data import ImageFolderDataModule
 from project.data.augment import BatchAugmentation
-from project.data.images import decode_image, list_images
+from project.data.image_reading import decode_image, list_images
 from project.export.model_export import export
 from project.export.trained import load_trained
 from tests.folder_fits import tiny_fit_args, tiny_folder

@@ -118,8 +118,8 @@ def test_add_a_network_trains_as_written(tmp_path):
 @pytest.mark.slow
 def test_add_a_dataset_scans_as_written(tmp_path):
     from project.data import ImageFilesDataModule
-    from project.data.image_cache import file_stamps
-    from project.data.images import LabelledFiles
+    from project.data.decoded_cache import file_stamps
+    from project.data.image_reading import LabelledFiles
 
     (code,) = blocks("Add a dataset", "python")
     names = {"Path": Path, "ImageFilesDataModule": ImageFilesDataModule, "LabelledFiles": LabelledFiles}

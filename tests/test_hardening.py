@@ -21,8 +21,8 @@ import pytest
 import torch
 
 from project.data import CIFARDataModule, ImageFolderDataModule
-from project.data.image_cache import ImageCache
-from project.data.images import ImageTooLarge, decode_image, open_image
+from project.data.decoded_cache import ImageCache
+from project.data.image_reading import ImageTooLarge, decode_image, open_image
 from project.errors import UserError
 from project.run.run_folder import claim_run_folder, lock_run_folder, release_run_folders
 from tests.conftest import CONFIGS, ROOT, newest_run, run_cli

@@ -78,7 +78,7 @@ def test_testing_without_a_test_split_says_in_one_line_which_split_it_scored(pri
     out = printed["test"]
     (line,) = [line for line in out.splitlines() if "test split" in line]
     assert line.startswith(NO_TEST_SPLIT) and "data.test_csv" in line and "root/test/" in line
-    assert "UserWarning" not in out and "image_files.py" not in out
+    assert "UserWarning" not in out and "labelled_files.py" not in out
 
 
 def test_an_editable_install_does_not_warn_about_folders_named_like_the_package(tmp_path):

@@ -17,7 +17,7 @@ from project.cli import main
 from project.data.augment import BatchAugmentation
 from project.data.cifar import CIFARDataModule
 from project.data.datamodule import ImageDataModule, LabelledSplits
-from project.data.images import MAX_IMAGE_PIXELS
+from project.data.image_reading import MAX_IMAGE_PIXELS
 from project.data.streaming import METADATA, StreamingImageDataModule
 from project.errors import UserError
 from tests.conftest import CONFIGS, run_cli

@@ -112,7 +112,7 @@ def test_the_multilabel_flag_is_left_only_in_the_csv_sources_settings():
         if lines := [line for line in path.read_text().splitlines() if word.search(line)]:
             found[str(path.relative_to(ROOT / PACKAGE))] = len(lines)
     legacy = {"data/streaming.py", "data/streaming_metadata.py"}
-    assert set(found) <= {"data/csv_images.py", *legacy}, found
+    assert set(found) <= {"data/csv_labels.py", *legacy}, found
     assert all(found[name] <= 1 for name in legacy & set(found)), found
 
 

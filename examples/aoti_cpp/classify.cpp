@@ -107,7 +107,7 @@ torch::Tensor to_input(const std::string& path, const Model& m, long long max_pi
   RgbImage image = decode_image(path, size, max_pixels);
   torch::Tensor x = torch::from_blob(image.pixels.data(), {1, image.height, image.width, 3}, torch::kUInt8)
                         .permute({0, 3, 1, 2});  // (1, 3, h, w), uint8, a view of the pixels
-  // The shorter side to `size`, then the central square (project/data/images.py: decode_image).
+  // The shorter side to `size`, then the central square (project/data/image_reading.py: decode_image).
   const double scale = static_cast<double>(size) / std::min(image.width, image.height);
   const int64_t nw = std::max<int64_t>(size, round_even(image.width * scale));
   const int64_t nh = std::max<int64_t>(size, round_even(image.height * scale));
@@ -149,7 +149,7 @@ int run(int argc, char** argv) {
   std::vector<std::string> images;
   std::string package;
   int top = 5;
-  long long max_pixels = 40'000'000;  // the template's default (project/data/images.py: MAX_IMAGE_PIXELS)
+  long long max_pixels = 40'000'000;  // the template's default (project/data/image_reading.py: MAX_IMAGE_PIXELS)
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if ((arg == "--top" || arg == "--max_pixels") && i + 1 < argc) {

@@ -1,4 +1,4 @@
-// Image files to 8-bit RGB pixels, read as the Python side reads them (PIL, project/data/images.py).
+// Image files to 8-bit RGB pixels, read as the Python side reads them (PIL, project/data/image_reading.py).
 #pragma once
 
 #include <cstdint>

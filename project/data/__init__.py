@@ -7,10 +7,10 @@ labels (or tags: multi-label data). CIFAR is held in memory as it comes.
 """
 
 from project.data.cifar import CIFARDataModule
-from project.data.csv_images import ImageCSVDataModule
+from project.data.class_folders import ImageFolderDataModule
+from project.data.csv_labels import ImageCSVDataModule
 from project.data.datamodule import ImageDataModule
-from project.data.folder import ImageFolderDataModule
-from project.data.image_files import ImageFilesDataModule
+from project.data.labelled_files import ImageFilesDataModule
 
 __all__ = [
     "CIFARDataModule",

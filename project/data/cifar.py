@@ -8,9 +8,9 @@ import torch
 from torchvision import datasets
 
 from project.data.datamodule import ImageDataModule, LabelledSplits
+from project.data.decoded_cache import channel_mean_std
 from project.data.folds import Folds
-from project.data.image_cache import channel_mean_std
-from project.data.images import MAX_IMAGE_PIXELS
+from project.data.image_reading import MAX_IMAGE_PIXELS
 from project.data.tensor_dataset import TensorImageDataset
 from project.errors import UserError
 

@@ -30,7 +30,7 @@ from typing import Any
 
 from project.atomic_files import stop_on_sigterm
 from project.data.datamodule import LabelledSplits
-from project.data.images import MAX_IMAGE_PIXELS
+from project.data.image_reading import MAX_IMAGE_PIXELS
 from project.data.prepare_bucket import open_bucket
 from project.data.prepare_chunks import metadata_text, write_splits
 from project.data.prepare_output import (

@@ -17,7 +17,7 @@ from PIL import Image
 
 from project.data.datamodule import LabelledSplits
 from project.data.folds import check_class_counts, make_folds
-from project.data.images import _high_depth_to_8bit, decode_image, open_image
+from project.data.image_reading import _high_depth_to_8bit, decode_image, open_image
 from project.errors import UserError, warn
 
 #: Training images the mean and std are computed over (an even spread of the split), at most.

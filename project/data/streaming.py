@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from project.data.datamodule import ImageDataModule
 from project.data.folds import Folds
-from project.data.images import MAX_IMAGE_PIXELS, decode_image
+from project.data.image_reading import MAX_IMAGE_PIXELS, decode_image
 from project.data.samplers import run_seed
 from project.data.streaming_metadata import METADATA, read_metadata
 from project.data.targets import TargetKind, kind_named

@@ -11,7 +11,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from project import USAGE
-from project.data.images import IMAGE_EXTENSIONS
+from project.data.image_reading import IMAGE_EXTENSIONS
 from project.errors import UserError
 from project.run.redaction import REDACTED, URL_PASSWORD
 

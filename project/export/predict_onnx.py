@@ -13,8 +13,8 @@ from pathlib import Path
 from torch.utils.data import DataLoader, Dataset
 
 from project.atomic_files import atomic_path, check_writable
-from project.data.image_cache import drop_bad
-from project.data.images import MAX_IMAGE_PIXELS, ImageFileDataset, check_image, list_images
+from project.data.decoded_cache import drop_bad
+from project.data.image_reading import MAX_IMAGE_PIXELS, ImageFileDataset, check_image, list_images
 from project.data.tensor_dataset import TensorImageDataset, collate_pre_batched
 from project.errors import UserError
 from project.export.decoding import decoder_for

@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from project.data.augment import evaluation_view, normalize
-from project.data.images import MAX_IMAGE_PIXELS, decode_image
+from project.data.image_reading import MAX_IMAGE_PIXELS, decode_image
 from project.errors import UserError
 
 
@@ -77,7 +77,7 @@ class Preprocessing:
     def decode(self, source: str | Path | bytes, max_pixels: int = MAX_IMAGE_PIXELS) -> Tensor:
         """An image file (path or raw bytes) of any size and mode -> (C, H, W) at the input size (`to_input`).
 
-        Raises one of `project.data.images.BAD_IMAGE_ERRORS` for data that is not an image, or an image of
+        Raises one of `project.data.image_reading.BAD_IMAGE_ERRORS` for data that is not an image, or an image of
         more than `max_pixels` pixels (ImageTooLarge).
         """
         file = io.BytesIO(source) if isinstance(source, bytes) else source

@@ -18,7 +18,7 @@ from fastapi import File
 from fastapi.responses import JSONResponse
 from PIL import UnidentifiedImageError
 
-from project.data.images import ImageTooLarge, open_image
+from project.data.image_reading import ImageTooLarge, open_image
 from project.errors import UserError
 from project.export.decoding import Decoder, decoder_for
 from project.export.preprocessing import Preprocessing, read_metadata

@@ -20,7 +20,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader
 
 from project.atomic_files import atomic_path, atomic_write_text, check_writable, is_disk_full, no_space_left
-from project.data.images import MAX_IMAGE_PIXELS, DecodeAll, check_image
+from project.data.image_reading import MAX_IMAGE_PIXELS, DecodeAll, check_image
 from project.data.tensor_dataset import collate_pre_batched
 from project.errors import UserError, warn
 

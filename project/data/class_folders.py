@@ -3,8 +3,8 @@
 from pathlib import Path
 from typing import Any
 
-from project.data.image_files import ImageFilesDataModule
-from project.data.images import LabelledFiles, scan_class_folders
+from project.data.image_reading import LabelledFiles, scan_class_folders
+from project.data.labelled_files import ImageFilesDataModule
 from project.errors import UserError
 
 

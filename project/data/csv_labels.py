@@ -1,16 +1,16 @@
 """`ImageCSVDataModule`: images anywhere, their labels in a CSV (one row per image: path, label, tags or values).
 
-What a row's labels mean is here; reading the CSV and finding the files it names is project.data.csv_files.
+What a row's labels mean is here; reading the CSV and finding the files it names is project.data.csv_reading.
 """
 
 import re
 from pathlib import Path
 from typing import Any
 
-from project.data.csv_files import FileFinder, cell, column, existing_file, read_csv
-from project.data.image_files import ImageFilesDataModule
-from project.data.images import Label, LabelledFiles
+from project.data.csv_reading import FileFinder, cell, column, existing_file, read_csv
+from project.data.image_reading import Label, LabelledFiles
 from project.data.label_checks import data_warning, nfc, shown, warn_if_values
+from project.data.labelled_files import ImageFilesDataModule
 from project.data.targets import Classes, Tags, Values
 from project.errors import UserError
 

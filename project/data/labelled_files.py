@@ -15,15 +15,15 @@ import torch
 from torch.utils.data import Dataset
 
 from project.data.datamodule import ImageDataModule, LabelledSplits
-from project.data.folds import Folds, iterative_stratification
-from project.data.image_cache import (
+from project.data.decoded_cache import (
     ImageCache,
     default_cache_dir,
     drop_bad,
     readable_files,
     sampled_mean_std,
 )
-from project.data.images import (
+from project.data.folds import Folds, iterative_stratification
+from project.data.image_reading import (
     MAX_IMAGE_PIXELS,
     ImageFileDataset,
     Label,

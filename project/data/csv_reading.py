@@ -9,7 +9,7 @@ import io
 import os
 from pathlib import Path
 
-from project.data.images import IMAGE_EXTENSIONS
+from project.data.image_reading import IMAGE_EXTENSIONS
 from project.data.label_checks import shown
 from project.errors import UserError
 
