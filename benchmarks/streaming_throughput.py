@@ -21,8 +21,8 @@ from pathlib import Path
 
 from benchmarks.common import Stopwatch, emit, machine
 from project.data import ImageFolderDataModule
-from project.data.prepare import prepare
-from project.data.streaming import StreamingImageDataModule
+from project.streaming.prepare import prepare
+from project.streaming.source import StreamingImageDataModule
 
 
 def folder_bytes(folder: Path) -> int:

@@ -21,17 +21,17 @@ def modules(*names: str) -> list[str]:
 #: From the bottom up: a module may import only modules of its own floor or below, at module level or inside a
 #: function (a lazy import is an arrow all the same: it runs when the function does). An optional extra is reached
 #: from below by name alone (`importlib.import_module` of a string a config or a registry holds). A tool command
-#: reads a fit config with the CLI's parser, so it sits above the CLI wherever its file is: `prepare` lives with
-#: the streaming source it writes for, and nothing below imports it.
+#: reads a fit config with the CLI's parser, so its package sits above the CLI: `streaming` holds `prepare` and the
+#: source it writes for, and nothing below imports it.
 FLOORS = [
     modules("", "errors", "models", "machine"),
-    modules("atomic_files", "lightning_private"),
+    modules("atomic_files", "lightning_private", "redaction"),
     modules("run", "data", "compression", "loggers"),
     modules("distributed"),
     modules("tasks"),
     modules("callbacks"),
     modules("cli"),
-    modules("studies", "export", "__main__", "data.prepare"),
+    modules("studies", "export", "__main__", "streaming"),
     modules("serve"),
 ]
 
@@ -292,7 +292,7 @@ FIT_CORE = set(
         "run",
         "run.checkpoints",
         "run.plan",
-        "run.redaction",
+        "redaction",
         "run.resume",
         "run.run_folder",
         "run.startup",

@@ -21,8 +21,8 @@ import pytest
 from PIL import Image
 
 from project.cli import main
-from project.data import prepare_chunks
-from project.data.streaming import METADATA
+from project.streaming import prepare_chunks
+from project.streaming.source import METADATA
 from tests.conftest import CONFIGS, subprocess_env
 from tests.fakes import make_image_folder
 from tests.test_hardening import tmpfs

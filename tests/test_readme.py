@@ -192,6 +192,7 @@ def test_layout_names_every_folder_and_the_top_of_project_stays_small():
         "__main__.py",
         "errors.py",
         "atomic_files.py",
+        "redaction.py",
         "lightning_private.py",
         "machine.py",
     }, top

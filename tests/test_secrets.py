@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from project.run.redaction import REDACTED, redact_config
+from project.redaction import REDACTED, redact_config
 from tests.conftest import run_cli
 from tests.folder_fits import tiny_fit_args, tiny_folder
 

@@ -18,8 +18,8 @@ from project.data.augment import BatchAugmentation
 from project.data.cifar import CIFARDataModule
 from project.data.datamodule import ImageDataModule, LabelledSplits
 from project.data.image_reading import MAX_IMAGE_PIXELS
-from project.data.streaming import METADATA, StreamingImageDataModule
 from project.errors import UserError
+from project.streaming.source import METADATA, StreamingImageDataModule
 from tests.conftest import CONFIGS, run_cli
 from tests.fakes import CIFAR10_CLASSES, make_fake_cifar, make_image_folder, patch_cifar_integrity
 from tests.test_exact_resume import assert_same_weights, last_weights
@@ -515,7 +515,7 @@ def test_a_target_outside_the_names_of_the_metadata_is_one_line_naming_the_image
     # the loss in the middle of training. Checked where each sample is decoded, in the loader workers.
     from litdata import StreamingDataset
 
-    from project.data.streaming import DecodeSample
+    from project.streaming.source import DecodeSample
 
     data = StreamingImageDataModule(str(prepared), image_size=8, num_workers=0)
     data.setup("fit")

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from project.cli import main
-from project.data.streaming import METADATA
+from project.streaming.source import METADATA
 from tests.conftest import CONFIGS
 from tests.fakes import make_image_folder
 from tests.s3_server import s3_server

@@ -21,7 +21,7 @@ from project.callbacks import interrupts
 from project.callbacks.run_info import collect_run_info
 from project.cli import main
 from project.errors import UserError
-from project.run.redaction import redact_command
+from project.redaction import redact_command
 from project.studies.runner import claim_folder
 from project.studies.storage import check_url, lost, open_storage
 from project.studies.tune import _optuna_says_one_line

@@ -111,7 +111,7 @@ def test_the_multilabel_flag_is_left_only_in_the_csv_sources_settings():
     for path in (ROOT / PACKAGE).rglob("*.py"):
         if lines := [line for line in path.read_text().splitlines() if word.search(line)]:
             found[str(path.relative_to(ROOT / PACKAGE))] = len(lines)
-    legacy = {"data/streaming.py", "data/streaming_metadata.py"}
+    legacy = {"streaming/source.py", "streaming/metadata.py"}
     assert set(found) <= {"data/csv_labels.py", *legacy}, found
     assert all(found[name] <= 1 for name in legacy & set(found)), found
 
@@ -127,7 +127,7 @@ def test_old_checkpoints_and_prepared_datasets_keep_their_kind(monkeypatch):
     assert recorded_names({"data_identity": {"kind": "classes", "names": ["x"]}}) == ("classes", ["x"])
     # part: streaming
     # A dataset prepared before the kind was recorded says `multilabel`.
-    from project.data.streaming import StreamingImageDataModule
+    from project.streaming.source import StreamingImageDataModule
 
     meta = {"format": 1, "classes": ["x", "y"], "multilabel": True, "splits": {"train": 1, "val": 1}}
     meta |= {"mean": [0.5] * 3, "std": [0.2] * 3, "folds": None, "size": None, "source": "x"}

@@ -23,7 +23,7 @@ from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities import rank_zero_only
 
 from project.atomic_files import atomic_write_text
-from project.run.redaction import redact_command
+from project.redaction import redact_command
 
 REPO = Path(__file__).resolve().parent.parent
 KEY_PACKAGES = (

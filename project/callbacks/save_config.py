@@ -7,7 +7,7 @@ import yaml
 from lightning.pytorch.cli import SaveConfigCallback
 
 from project.atomic_files import atomic_write_text
-from project.run.redaction import redact_config
+from project.redaction import redact_config
 
 
 class LoggerSaveConfigCallback(SaveConfigCallback):

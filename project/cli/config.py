@@ -29,7 +29,7 @@ from project.cli.tool_args import config_files
 from project.data import ImageDataModule
 from project.errors import UserError, find_user_error
 from project.lightning_private import give_config_dump
-from project.run.redaction import redact_config
+from project.redaction import redact_config
 from project.run.run_folder import DEFAULT_ROOT_DIR
 from project.tasks import ImageClassifier, ImageTask
 

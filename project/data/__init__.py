@@ -19,8 +19,3 @@ __all__ = [
     "ImageFilesDataModule",
     "ImageFolderDataModule",
 ]
-
-#: The commands this package adds (project.find_tools reads this literal without importing the package): name ->
-#: (".module:function" relative to this package, summary). `prepare` is the streaming part's: where its
-#: module is deleted, the command is not offered.
-COMMANDS = {"prepare": (".prepare:main", "convert image files into litdata chunks for streaming")}

@@ -28,7 +28,7 @@ from lightning.pytorch.utilities import rank_zero_only
 
 from project.errors import UserError, warn
 from project.lightning_private import drop_wandb_init_argument
-from project.run.redaction import redacted_argv
+from project.redaction import redacted_argv
 
 OFFLINE_MODES = ("offline", "dryrun", "disabled")
 _loggers: list["WandbLogger"] = []

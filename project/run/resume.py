@@ -22,8 +22,8 @@ from lightning.pytorch.loggers import CSVLogger
 
 from project.errors import UserError, warn
 from project.lightning_private import restore_csv_rows
+from project.redaction import redact_config
 from project.run.checkpoints import load_checkpoint
-from project.run.redaction import redact_config
 from project.run.run_folder import RUNS
 
 LAST_NAME = re.compile(r"^last(-v\d+)?\.ckpt$")  # Lightning versions clashing names as last-v1.ckpt, ...

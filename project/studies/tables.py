@@ -49,7 +49,7 @@ def log_table(
     the training runs. Returns the run's folder."""
     import wandb
 
-    from project.run.redaction import redacted_argv
+    from project.redaction import redacted_argv
 
     with redacted_argv():  # wandb records the command line (a storage URL's password) in the run's metadata
         run = wandb.init(

@@ -1,18 +1,29 @@
 """What a task and its data must agree on, checked before anything trains: the kind of target, and the number of
 outputs the network gives."""
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, ClassVar, Protocol
 
-from torch import Tensor
+from torch import Tensor, nn
 
 from project.data.targets import TargetKind
 from project.errors import UserError
 
-if TYPE_CHECKING:
-    from project.tasks.task import ImageTask
+
+class Task(Protocol):
+    """What the checks read of a task (an `ImageTask`)."""
+
+    accepts: ClassVar[tuple[type[TargetKind], ...]]
+    example_config: ClassVar[str]
+    net: nn.Module
+
+    @property
+    def targets(self) -> TargetKind: ...
+
+    @property
+    def network_outputs(self) -> int: ...
 
 
-def check_task_fits_data(task: "ImageTask", datamodule: Any) -> None:
+def check_task_fits_data(task: Task, datamodule: Any) -> None:
     """A UserError naming both when the data's kind of target is not one the task accepts (a task that reads
     the targets another way than the data gives them, cross-entropy on multi-hot rows, would train on them
     without an error)."""
@@ -20,7 +31,7 @@ def check_task_fits_data(task: "ImageTask", datamodule: Any) -> None:
     if not isinstance(kind, TargetKind) or isinstance(kind, task.accepts):
         return
     takes = " or ".join(accepted.described for accepted in task.accepts)
-    shipped = [t for t in shipped_tasks() if isinstance(kind, t.accepts)]
+    shipped = [t for t in shipped_tasks(type(task)) if isinstance(kind, t.accepts)]
     package = __name__.rpartition(".")[0]
     todo = (
         f"train it with --model {package}.{shipped[0].__name__} (as {shipped[0].example_config} does)"
@@ -33,12 +44,12 @@ def check_task_fits_data(task: "ImageTask", datamodule: Any) -> None:
     )
 
 
-def shipped_tasks() -> list[type["ImageTask"]]:
-    """The tasks of this package (those its `tasks` package imports), in the order they were defined."""
-    from project.tasks.task import ImageTask
-
+def shipped_tasks(task: type[Task]) -> list[type[Task]]:
+    """The tasks of this package (those its `tasks` package imports), in the order they were defined: the
+    subclasses of the base every task shares, the first of `task`'s classes to say what it `accepts`."""
+    base = [cls for cls in task.__mro__ if "accepts" in vars(cls)][-1]
     package = __name__.rpartition(".")[0]
-    found, todo = [], list(ImageTask.__subclasses__())
+    found, todo = [], list(base.__subclasses__())
     while todo:
         task = todo.pop(0)
         todo += task.__subclasses__()
@@ -47,7 +58,7 @@ def shipped_tasks() -> list[type["ImageTask"]]:
     return found
 
 
-def check_network_outputs(task: "ImageTask", outputs: Tensor) -> None:
+def check_network_outputs(task: Task, outputs: Tensor) -> None:
     """A UserError when the network gives another number of outputs per image than the task needs (a network
     that ignores the `num_classes` linked from the data, or a head set by hand)."""
     needed = task.network_outputs

@@ -81,7 +81,7 @@ def prepared_chunks(root: Path) -> None:
 
 def streaming(root: Path) -> ImageDataModule:
     pytest.importorskip("litdata", reason="streaming is an optional extra: pip install -e '.[streaming]'")
-    from project.data.streaming import StreamingImageDataModule
+    from project.streaming.source import StreamingImageDataModule
 
     return StreamingImageDataModule(str(root), image_size=8, **LOADER)
 

@@ -89,7 +89,7 @@ def test_stored_labels_read_back_as_the_encoded_targets(example):
     pytest.importorskip("litdata", reason="streaming is an optional extra: pip install -e '.[streaming]'")
     from PIL import Image
 
-    from project.data.streaming import DecodeSample
+    from project.streaming.source import DecodeSample
 
     png = io.BytesIO()
     Image.new("RGB", (4, 4), (200, 30, 30)).save(png, format="PNG")

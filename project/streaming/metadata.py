@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 from project import USAGE
 from project.data.image_reading import IMAGE_EXTENSIONS
 from project.errors import UserError
-from project.run.redaction import REDACTED, URL_PASSWORD
+from project.redaction import REDACTED, URL_PASSWORD
 
 #: The metadata file `prepare` writes last; its presence marks the dataset complete.
 METADATA = "streaming.json"

@@ -6,7 +6,7 @@ A local output is written into a hidden staging folder beside it (`.NAME.prepare
 into the same folder is refused while the first runs. Only a new or empty folder is written, or, with
 --overwrite, a folder holding a dataset prepare made; never a folder that is, contains or lies inside the input.
 The marker, the claim on what an output holds and the one-line write errors serve an s3:// output as well
-(project.data.prepare_bucket).
+(project.streaming.prepare_bucket).
 """
 
 import ctypes
@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from project.atomic_files import _alive, fsync_folder, no_space_left
-from project.data.streaming_metadata import FORMAT, METADATA, hide_password
 from project.errors import UserError
+from project.streaming.metadata import FORMAT, METADATA, hide_password
 
 #: The file (in a local staging folder) or key (under an s3:// prefix) marking an unfinished prepare's output.
 INCOMPLETE = ".prepare-incomplete"

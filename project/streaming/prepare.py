@@ -9,9 +9,9 @@ training split and the training images' per-channel mean and std go into `stream
 marks the dataset complete, and marks the folder as one `prepare` made.
 
 A prepare never removes what it did not write: a local output is written into a hidden staging folder beside it
-and swapped in whole at the end, under a lock file (project.data.prepare_output); an s3:// output carries a
-marker until the metadata is written last (project.data.prepare_bucket). The chunks themselves are written by
-project.data.prepare_chunks.
+and swapped in whole at the end, under a lock file (project.streaming.prepare_output); an s3:// output carries a
+marker until the metadata is written last (project.streaming.prepare_bucket). The chunks themselves are written by
+project.streaming.prepare_chunks.
 
 litdata is an optional extra (`pip install -e ".[streaming]"`), imported only by prepare's modules and the
 DataModule.
@@ -31,9 +31,11 @@ from typing import Any
 from project.atomic_files import stop_on_sigterm
 from project.data.datamodule import LabelledSplits
 from project.data.image_reading import MAX_IMAGE_PIXELS
-from project.data.prepare_bucket import open_bucket
-from project.data.prepare_chunks import metadata_text, write_splits
-from project.data.prepare_output import (
+from project.errors import UserError
+from project.streaming.metadata import METADATA
+from project.streaming.prepare_bucket import open_bucket
+from project.streaming.prepare_chunks import metadata_text, write_splits
+from project.streaming.prepare_output import (
     INCOMPLETE,
     check_apart,
     claim,
@@ -45,9 +47,7 @@ from project.data.prepare_output import (
     swap_in,
     writing,
 )
-from project.data.prepare_sources import fold_order, read_source
-from project.data.streaming_metadata import METADATA
-from project.errors import UserError
+from project.streaming.prepare_sources import fold_order, read_source
 
 SPLITS = ("train", "val", "test")
 _CHUNK_SIZE = re.compile(r"^\s*(\d+(?:\.\d*)?)\s*([kmgt]?)b?\s*$", re.IGNORECASE)

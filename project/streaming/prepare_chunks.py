@@ -18,10 +18,10 @@ from pathlib import Path
 from typing import Any
 
 from project.data.datamodule import LabelledSplits
-from project.data.prepare_bucket import Bucket
-from project.data.prepare_sources import encode_sample, mean_std
-from project.data.streaming_metadata import FORMAT, METADATA
 from project.errors import UserError
+from project.streaming.metadata import FORMAT, METADATA
+from project.streaming.prepare_bucket import Bucket
+from project.streaming.prepare_sources import encode_sample, mean_std
 
 
 def write_splits(

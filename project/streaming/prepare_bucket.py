@@ -7,8 +7,8 @@ never written.
 import json
 from typing import Any
 
-from project.data.prepare_output import INCOMPLETE
-from project.data.streaming_metadata import (
+from project.errors import UserError
+from project.streaming.metadata import (
     FORMAT,
     METADATA,
     check_s3_endpoint,
@@ -16,7 +16,7 @@ from project.data.streaming_metadata import (
     refuse_url_credentials,
     shown_url,
 )
-from project.errors import UserError
+from project.streaming.prepare_output import INCOMPLETE
 
 
 class Bucket:

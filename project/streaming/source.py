@@ -19,9 +19,9 @@ from project.data.datamodule import ImageDataModule
 from project.data.folds import Folds
 from project.data.image_reading import MAX_IMAGE_PIXELS, decode_image
 from project.data.samplers import run_seed
-from project.data.streaming_metadata import METADATA, read_metadata
 from project.data.targets import TargetKind, kind_named
 from project.errors import UserError, warn
+from project.streaming.metadata import METADATA, read_metadata
 
 #: Lightning's notices about a litdata loader that do not hold for this DataModule's: litdata gives every loader
 #: worker its own chunks (so the dataset's `__len__` holds with many workers), and predictions are named by the

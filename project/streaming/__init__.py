@@ -1,0 +1,11 @@
+"""Streaming: image datasets as litdata chunks, in a local folder or object storage, for data beyond one disk and
+runs over many nodes.
+
+`prepare` (the command) reads any source that lists its samples and writes its splits as chunks with their
+metadata; `StreamingImageDataModule` (`source`) trains on them, each process and loader worker reading its own
+share. litdata is an optional extra, imported only when chunks are read or written.
+"""
+
+#: The commands this package adds (project.find_tools reads this literal without importing the package): name ->
+#: (".module:function" relative to this package, summary).
+COMMANDS = {"prepare": (".prepare:main", "convert image files into litdata chunks for streaming")}
