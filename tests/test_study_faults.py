@@ -391,7 +391,7 @@ def test_a_storage_whose_tables_another_process_created_at_the_same_moment_opens
     """Two tune workers starting on a new PostgreSQL database both create Optuna's tables; the one that loses
     gets a duplicate-key error from the catalogue, and opens the tables the other made."""
     import optuna
-    from sqlalchemy.exc import IntegrityError
+    from sqlalchemy.exc import IntegrityError, OperationalError
 
     lost_race = IntegrityError(
         "CREATE TABLE studies ...", {}, Exception('duplicate key value violates unique constraint '
@@ -407,7 +407,15 @@ def test_a_storage_whose_tables_another_process_created_at_the_same_moment_opens
 
     monkeypatch.setattr(optuna.storages, "RDBStorage", storage)
     assert open_storage("postgresql://user@127.0.0.1:5432/studies") == "opened" and len(calls) == 2
-    # Any other failure is still one line at once.
-    monkeypatch.setattr(optuna.storages, "RDBStorage", lambda url, **s: (_ for _ in ()).throw(lost_race.orig))
-    with pytest.raises(Exception, match="duplicate key"):
+    # Any other failure of the database is not retried: one line at once.
+    calls.clear()
+    refused = OperationalError("connect", {}, Exception('connection to server at "127.0.0.1" refused'))
+
+    def refusing(url, **settings):
+        calls.append(url)
+        raise refused
+
+    monkeypatch.setattr(optuna.storages, "RDBStorage", refusing)
+    with pytest.raises(UserError, match=r"^--storage: cannot open the postgresql database studies .*refused"):
         open_storage("postgresql://user@127.0.0.1:5432/studies")
+    assert len(calls) == 1
