@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 from tests.conftest import CONFIGS, PACKAGE, ROOT, newest_run, run_python
 from tests.fakes import make_image_folder
@@ -116,30 +117,37 @@ def test_add_a_network_trains_as_written(tmp_path):
 
 
 @pytest.mark.slow
-def test_add_a_dataset_scans_as_written(tmp_path):
-    from project.data import ImageFilesDataModule
-    from project.data.decoded_cache import file_stamps
-    from project.data.image_reading import LabelledFiles
-
+def test_add_a_dataset_trains_as_written(tmp_path):
+    """The page's source, saved as the file it names, held by the DataModule of image files as its config says,
+    and run by the command it gives: `fit` trains on the listing, and the checkpoint records its classes and
+    the source that gave them."""
     (code,) = blocks("Add a dataset", "python")
-    names = {"Path": Path, "ImageFilesDataModule": ImageFilesDataModule, "LabelledFiles": LabelledFiles}
-    names |= {"file_stamps": file_stamps, "__name__": "extending"}
-    exec(compile(code, str(PAGE), "exec"), names)  # noqa: S102 - the page's own code
-    source = next(
-        v
-        for k, v in names.items()
-        if isinstance(v, type) and k.endswith("DataModule") and v is not ImageFilesDataModule
-    )
-    images = make_image_folder(tmp_path / "images", classes=2, per_class=6, extras=False)
-    listing = tmp_path / "images" / "listing.csv"
-    listing.write_text(
-        "".join(f"{p.relative_to(images)},{p.parent.name}\n" for p in sorted(images.glob("*/*")))
-    )
-    data = source(str(listing), image_size=8, cache_dir=str(tmp_path / "c"))
-    data.setup("fit")
-    assert data.class_names == ["c0", "c1"] and len(data.train_set) + len(data.val_set) == 12
-    x, y = next(iter(data.train_dataloader()))
-    assert x.shape[1:] == (3, 8, 8) and set(y.tolist()) <= {0, 1}
+    (config,) = blocks("Add a dataset", "yaml")
+    module = re.search(r"in a file of its own \(`(\w+)\.py`", section("Add a dataset"))[1]
+    (tmp_path / f"{module}.py").write_text(code.replace("from project.", f"from {PACKAGE}."))
+    (tmp_path / f"{module}.yaml").write_text(config)
+    listing = re.search(r"listing: (\S+)", config)[1]
+    images = make_image_folder((tmp_path / listing).parent, classes=2, per_class=8, extras=False)
+    rows = sorted(images.glob("*/*"))
+    (tmp_path / listing).write_text("".join(f"{p.relative_to(images)},{p.parent.name}\n" for p in rows))
+    command = re.search(
+        r"`python -m project (fit --config \S+ --config \S+)` trains", section("Add a dataset")
+    )[1]
+    args = command.replace("configs/", f"{CONFIGS}/").split()
+    small = [
+        "--data.cache_dir", tmp_path / "cache", "--data.image_size", "8", "--data.batch_size", "4",
+        "--data.num_workers", "0", "--data.val_fraction", "0.25", "--model.net", "project.models.MLP",
+        "--model.net.init_args.hidden", "16", "--model.scheduler", "null", "--trainer.max_epochs", "2",
+        "--trainer.default_root_dir", tmp_path / "logs", "--trainer.logger", "false",
+        "--trainer.enable_progress_bar", "false",
+    ]  # fmt: skip
+    out = run_python("-m", PACKAGE, *args, *small, cwd=tmp_path).stdout
+    # the listing's classes reached the task, which trained and kept its best checkpoint
+    best = re.search(r"best checkpoint: (\S+) \(val/acc [\d.]+\)", out)
+    assert best, out[-2000:]
+    assert torch.load(best[1], weights_only=True)["data_identity"]["names"] == ["c0", "c1"]
+    saved_config = yaml.safe_load((Path(best[1]).parents[1] / "config.yaml").read_text())
+    assert saved_config["data"]["init_args"]["source"]["class_path"] == f"{module}.ImageList"
 
 
 @pytest.mark.slow

@@ -18,9 +18,11 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+import yaml
 from PIL import Image
 
 from project.cli import main
+from project.data import FileSource
 from project.streaming import prepare_chunks
 from project.streaming.source import METADATA
 from tests.conftest import CONFIGS, subprocess_env
@@ -118,6 +120,49 @@ def test_an_output_in_a_csvs_folder_or_at_cifars_folder_is_refused(images, tmp_p
     err = one_line_error(args, capsys)
     assert f"is the input CIFAR's folder in data.data_dir {tmp_path / 'cifar-10-batches-py'}" in err
     assert not (tmp_path / "cifar-10-batches-py").exists()
+
+
+class ListingSource(FileSource):
+    """A user's source of image files, named by a setting prepare has no list of: `listing`, a file of paths."""
+
+    def __init__(self, listing: str) -> None:
+        self.listing = Path(listing)
+
+    def scan(self, split, train):
+        raise AssertionError("the input was read")
+
+
+@pytest.mark.parametrize("source", ["ClassFolders", "ListingSource"])
+def test_an_output_inside_the_folder_of_a_held_source_is_refused_before_reading(
+    split_tree, source, tmp_path, capsys
+):
+    """A DataModule of image files holding a source (`data.source`): the folders the source's settings name are
+    inputs too, the shipped ones' and a source of one's own alike."""
+    listing = split_tree / "listing.csv"
+    listing.write_text("train/c0/img0.png,c0\n")
+    before = snapshot(split_tree)
+    held = {
+        "ClassFolders": {"class_path": "ClassFolders", "init_args": {"root": str(split_tree)}},
+        "ListingSource": {"class_path": f"{__name__}.ListingSource", "init_args": {"listing": str(listing)}},
+    }[source]
+    config = tmp_path / "held.yaml"
+    config.write_text(
+        yaml.safe_dump({"data": {"class_path": "ImageFilesDataModule", "init_args": {"source": held}}})
+    )
+    out = split_tree / "train" / "prepared"
+    args = [
+        "prepare",
+        "--config",
+        str(CONFIGS / "folder.yaml"),
+        "--config",
+        str(config),
+        "--output_dir",
+        str(out),
+    ]
+    err = one_line_error(args, capsys)
+    setting = "data.source.root" if source == "ClassFolders" else "data.source.listing's folder"
+    assert f"--output_dir {out} lies inside the input {setting} {split_tree}: prepare never writes" in err
+    assert snapshot(split_tree) == before and not out.exists()
 
 
 @pytest.mark.slow

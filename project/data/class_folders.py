@@ -1,32 +1,27 @@
-"""`ImageFolderDataModule`: your images laid out as one folder per class."""
+"""Images in one folder per class: the `ClassFolders` source, and `ImageFolderDataModule`, which holds one."""
 
 from pathlib import Path
 from typing import Any
 
+from project.data.file_source import FileSource
 from project.data.image_reading import LabelledFiles, scan_class_folders
 from project.data.labelled_files import ImageFilesDataModule
 from project.errors import UserError
 
 
-class ImageFolderDataModule(ImageFilesDataModule):
-    """Images in class folders, of any size and mode (decoded, cached, split and checked by
-    `ImageFilesDataModule`).
-
-    Layouts (class names come from the folder names, sorted):
+class ClassFolders(FileSource):
+    """Images in class folders, of any size and mode. Layouts (class names come from the folder names, sorted):
 
     - `root/train/<class>/*` with optional `root/val/<class>/*` and `root/test/<class>/*`;
-    - or `root/<class>/*`, split into train/val by `val_fraction` (stratified, seeded).
+    - or `root/<class>/*`, split into train/val by the DataModule's `val_fraction` (stratified, seeded).
 
-    Without `root/val`, validation is split off the training folder. Files with other extensions are skipped.
+    Files with other extensions are skipped.
 
     Args:
         root: Dataset folder (see the layouts above).
-        **kwargs: The image, cache, split and loader settings of `ImageFilesDataModule` (image_size, cache,
-            val_fraction, num_folds, batch_size, ...).
     """
 
-    def __init__(self, root: str, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
+    def __init__(self, root: str) -> None:
         self.root = Path(root).expanduser()
 
     @property
@@ -49,11 +44,14 @@ class ImageFolderDataModule(ImageFilesDataModule):
     def test_dir(self) -> Path | None:
         return self._split_dir("test")
 
-    def scan(self, split: str) -> LabelledFiles | None:
-        if split == "train":
+    def scan(self, split: str, train: LabelledFiles | None) -> LabelledFiles | None:
+        if train is None:
             return scan_class_folders(self.train_dir)
         folder = {"val": self.val_dir, "test": self.test_dir}.get(split)
-        return None if folder is None else scan_class_folders(folder, self.class_names)
+        return None if folder is None else scan_class_folders(folder, train.classes)
+
+    def labels_source(self) -> str:
+        return str(self.train_dir)
 
     def folds_with_val_split(self, num_folds: int) -> str:
         return (
@@ -61,3 +59,16 @@ class ImageFolderDataModule(ImageFilesDataModule):
             f"the training images, so that folder would be ignored. Move its images into {self.root / 'train'}"
             "/<class>/ to cross-validate over all of them, or drop data.num_folds to validate on it"
         )
+
+
+class ImageFolderDataModule(ImageFilesDataModule):
+    """Images in class folders (`ClassFolders`), decoded, cached, split and checked by `ImageFilesDataModule`.
+
+    Args:
+        root: Dataset folder: `root/train/<class>/*` (with optional `root/val`, `root/test`), or `root/<class>/*`.
+        **kwargs: The image, cache, split and loader settings of `ImageFilesDataModule` (image_size, cache,
+            val_fraction, num_folds, batch_size, ...).
+    """
+
+    def __init__(self, root: str, **kwargs: Any) -> None:
+        super().__init__(source=ClassFolders(root), **kwargs)

@@ -1,6 +1,9 @@
-"""`ImageCSVDataModule`: images anywhere, their labels in a CSV (one row per image: path, label, tags or values).
+"""Images anywhere, their labels in a CSV (one row per image: path, label, tags or values): the `CSVLabels`
+source, and `ImageCSVDataModule`, the DataModule that holds one (`data.csv` and the settings of every source of
+image files).
 
-What a row's labels mean is here; reading the CSV and finding the files it names is project.data.csv_reading.
+What a row's labels mean is here; reading the CSV and finding the files it names is project.data.csv_reading,
+the checks of the names it gives project.data.label_checks.
 """
 
 import re
@@ -8,8 +11,15 @@ from pathlib import Path
 from typing import Any
 
 from project.data.csv_reading import FileFinder, cell, column, existing_file, read_csv
+from project.data.file_source import FileSource
 from project.data.image_reading import Label, LabelledFiles
-from project.data.label_checks import data_warning, nfc, shown, warn_if_values
+from project.data.label_checks import (
+    data_warning,
+    nfc,
+    shown,
+    warn_if_values,
+    warn_tag_separators,
+)
 from project.data.labelled_files import ImageFilesDataModule
 from project.data.targets import Classes, Tags, Values
 from project.errors import UserError
@@ -17,12 +27,9 @@ from project.errors import UserError
 #: The values of a label column (`label_columns`) that say an image has, or has not, its tag.
 ONE, ZERO = {"1", "1.0"}, {"0", "0.0"}
 
-#: Characters that often separate tags: one inside a tag suggests the tags were split at the wrong one.
-TAG_SEPARATORS = ",;|"
 
-
-class ImageCSVDataModule(ImageFilesDataModule):
-    """Images listed in a CSV with their labels (decoded, cached, split and checked by `ImageFilesDataModule`).
+class CSVLabels(FileSource):
+    """Images listed in a CSV with their labels.
 
     The CSV has a header row, then one row per image: its path, relative to `images` (or absolute), with or
     without its extension (`cat/001` finds `cat/001.jpg`), and its label. Class names are the training CSV's
@@ -53,8 +60,6 @@ class ImageCSVDataModule(ImageFilesDataModule):
         label_separator: What separates tags in the label column. Default: any whitespace.
         label_columns: Columns of 0/1 values, one per tag, in the order the model's outputs take (implies
             multi-label unless `values`, when they hold real values; `label_column` is not read).
-        **kwargs: The image, cache, split and loader settings of `ImageFilesDataModule` (image_size, cache,
-            val_fraction, num_folds, batch_size, ...).
     """
 
     def __init__(
@@ -70,7 +75,6 @@ class ImageCSVDataModule(ImageFilesDataModule):
         values: bool = False,
         label_separator: str | None = None,
         label_columns: list[str] | None = None,
-        **kwargs: Any,
     ) -> None:
         if label_columns is not None and label_column is not None:
             raise UserError(
@@ -92,7 +96,6 @@ class ImageCSVDataModule(ImageFilesDataModule):
                 "data.label_separator is empty: give the text between tags (such as ';'), or leave it unset to "
                 "split tags at whitespace"
             )
-        super().__init__(**kwargs)
         self._given = {
             "train": csv,
             "val": val_csv,
@@ -142,7 +145,7 @@ class ImageCSVDataModule(ImageFilesDataModule):
     def _finder(self) -> FileFinder:
         return self._files()[3]
 
-    def scan(self, split: str) -> LabelledFiles | None:
+    def scan(self, split: str, train: LabelledFiles | None) -> LabelledFiles | None:
         if split not in self.csvs:
             return None
         path = self.csvs[split]
@@ -186,7 +189,7 @@ class ImageCSVDataModule(ImageFilesDataModule):
             written.append(label)
             row_numbers.append(row)
         if split == "train" and self.label_columns is None and self.target_kind is Classes:
-            self._check_label_shape(path, row_numbers, written)
+            check_label_shape(path, row_numbers, written)
         if empty := [row for row, label in zip(row_numbers, written, strict=True) if label == ""]:
             more = f" (and {len(empty) - 1} more row(s))" if len(empty) > 1 else ""
             raise UserError(
@@ -211,11 +214,11 @@ class ImageCSVDataModule(ImageFilesDataModule):
             data_warning(
                 f"{path} row(s) {rows_shown} repeat an image listed before with the same label; each image counts once"
             )
-        if split == "train":
+        if train is None:
             classes = self._classes(path, header[label_at[0]], row_numbers, written)
         else:
-            classes = self.class_names
-            self._warn_overlap(path, files, row_numbers)
+            classes = train.classes
+            self._warn_overlap(path, files, row_numbers, train.files)
         return LabelledFiles(
             files, self._indices(path, row_numbers, written, classes), classes, stamps, digest
         )
@@ -276,7 +279,7 @@ class ImageCSVDataModule(ImageFilesDataModule):
                 "tag, give each image one of two labels (has it, or not) and use configs/csv.yaml"
             )
         if tagged:
-            self._warn_tag_separators(path, names, rows, written)
+            warn_tag_separators(path, names, rows, written, self.label_separator)
         elif len(names) < 2:
             raise UserError(
                 f"{path} has {len(names)} distinct label(s) ({', '.join(map(shown, names))}): a classifier needs "
@@ -286,46 +289,6 @@ class ImageCSVDataModule(ImageFilesDataModule):
             warn_if_values(sorted(names), str(path))
         numeric = all(re.fullmatch(r"-?[0-9]+", n) for n in names)  # ASCII digits only: int() reads "²" too
         return sorted(names, key=lambda n: (int(n), n) if numeric else (0, n))
-
-    def _check_label_shape(self, path: Path, rows: list[int], written: list[Any]) -> None:
-        """A UserError when a single-label CSV holds several tags per cell (labels `blue round` beside `blue`
-        and `round`, or `round blue`): trained as one class per combination, they would mean nothing."""
-        first_row: dict[str, int] = {}
-        for row, label in zip(rows, written, strict=True):
-            first_row.setdefault(label, row)
-        in_order: dict[tuple[str, ...], str] = {}
-        for label, row in first_row.items():
-            words = label.split()
-            if len(words) < 2:
-                continue
-            other = in_order.setdefault(tuple(sorted(words)), label)
-            if other != label:
-                why = f"{shown(other)} on row {first_row[other]} has the same words in another order"
-            elif all(word in first_row for word in words):
-                why = f"{', '.join(map(shown, words))} are labels of their own on other rows"
-            else:
-                continue
-            raise UserError(
-                f"{path} row {row}: the label {shown(label)} looks like several tags ({why}): for a multi-label "
-                "CSV use configs/csv_multilabel.yaml (data.multilabel: true); otherwise give each image one label"
-            )
-
-    def _warn_tag_separators(self, path: Path, names: set[str], rows: list[int], written: list[Any]) -> None:
-        """A warning for tags holding a character that often separates tags (`red;round`, or `red,round` from a
-        quoted cell): the CSV's tags are likely separated by it, not by `label_separator`."""
-        marks = [c for c in TAG_SEPARATORS if c != self.label_separator]
-        odd = sorted(tag for tag in names if any(c in tag for c in marks))
-        if not odd:
-            return
-        tag = odd[0]
-        mark = next(c for c in marks if c in tag)
-        row = next(row for row, tags in zip(rows, written, strict=True) if tag in tags)
-        split_at = "whitespace" if self.label_separator is None else repr(self.label_separator)
-        more = f" (and {len(odd) - 1} more tag(s) like it)" if len(odd) > 1 else ""
-        data_warning(
-            f"tag {shown(tag)} of {path} (row {row}) holds {mark!r}, and tags are split at {split_at} "
-            f"(data.label_separator){more}: if {mark!r} separates the tags, set --data.label_separator '{mark}'"
-        )
 
     def _indices(self, path: Path, rows: list[int], written: list[Any], classes: list[str]) -> list[Label]:
         """Labels as class indices (tags as tuples of indices, values as they are); a UserError for a class or
@@ -346,9 +309,9 @@ class ImageCSVDataModule(ImageFilesDataModule):
             labels.append(tuple(index[t] for t in label) if tagged else index[label])
         return labels
 
-    def _warn_overlap(self, path: Path, files: list[str], rows: list[int]) -> None:
+    def _warn_overlap(self, path: Path, files: list[str], rows: list[int], train_files: list[str]) -> None:
         """A warning when a validation or test CSV lists training images: their scores would flatter the model."""
-        training = set(self.train_files)
+        training = set(train_files)
         shared = [(row, file) for row, file in zip(rows, files, strict=True) if file in training]
         if shared:
             row, file = shared[0]
@@ -368,9 +331,9 @@ class ImageCSVDataModule(ImageFilesDataModule):
             "cross-validate over all of them, or drop data.num_folds to validate on it"
         )
 
-    def predict_files(self) -> list[Path]:
+    def predict_files(self) -> list[Path] | None:
         if self.predict_csv is None:
-            return super().predict_files()
+            return None
         header, rows, _ = read_csv(self.predict_csv)
         at = column(self.predict_csv, header, self.path_column, 0, "data.path_column")
         files = []
@@ -382,6 +345,73 @@ class ImageCSVDataModule(ImageFilesDataModule):
                 )
             files.append(Path(found[0]))
         return files
+
+
+class ImageCSVDataModule(ImageFilesDataModule):
+    """Images listed in a CSV with their labels (`CSVLabels`: classes, tags or values), decoded, cached, split
+    and checked by `ImageFilesDataModule`. Validation is split off the training CSV by `val_fraction` unless
+    `val_csv` is given.
+
+    Args (what the CSV settings mean in full: `CSVLabels`):
+        csv: The training CSV (a header row, then one row per image: its path, its label).
+        images: The folder the CSVs' paths are relative to. Default: the training CSV's folder.
+        val_csv: A CSV of validation images (same columns). Default: split off `csv` by `val_fraction`.
+        test_csv: A CSV of test images (same columns). Default: test on the validation split.
+        predict_csv: A CSV of images to predict (only its path column is read).
+        path_column: The name of the column of image paths. Default: the first column.
+        label_column: The name of the column of labels (or tags). Default: the second column.
+        multilabel: The label column holds each image's tags, separated by `label_separator`.
+        values: The label column (or each of `label_columns`) holds a real number per image.
+        label_separator: What separates tags in the label column. Default: any whitespace.
+        label_columns: Columns of 0/1 values, one per tag (or of real values, with `values`).
+        **kwargs: The image, cache, split and loader settings of `ImageFilesDataModule` (image_size, cache,
+            val_fraction, num_folds, batch_size, ...).
+    """
+
+    def __init__(
+        self,
+        csv: str,
+        images: str | None = None,
+        val_csv: str | None = None,
+        test_csv: str | None = None,
+        predict_csv: str | None = None,
+        path_column: str | None = None,
+        label_column: str | None = None,
+        multilabel: bool = False,
+        values: bool = False,
+        label_separator: str | None = None,
+        label_columns: list[str] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        labels = CSVLabels(
+            csv, images, val_csv, test_csv, predict_csv, path_column, label_column, multilabel, values,
+            label_separator, label_columns,
+        )  # fmt: skip
+        super().__init__(source=labels, **kwargs)
+
+
+def check_label_shape(path: Path, rows: list[int], written: list[Any]) -> None:
+    """A UserError when a single-label CSV holds several tags per cell (labels `blue round` beside `blue`
+    and `round`, or `round blue`): trained as one class per combination, they would mean nothing."""
+    first_row: dict[str, int] = {}
+    for row, label in zip(rows, written, strict=True):
+        first_row.setdefault(label, row)
+    in_order: dict[tuple[str, ...], str] = {}
+    for label, row in first_row.items():
+        words = label.split()
+        if len(words) < 2:
+            continue
+        other = in_order.setdefault(tuple(sorted(words)), label)
+        if other != label:
+            why = f"{shown(other)} on row {first_row[other]} has the same words in another order"
+        elif all(word in first_row for word in words):
+            why = f"{', '.join(map(shown, words))} are labels of their own on other rows"
+        else:
+            continue
+        raise UserError(
+            f"{path} row {row}: the label {shown(label)} looks like several tags ({why}): for a multi-label "
+            "CSV use configs/csv_multilabel.yaml (data.multilabel: true); otherwise give each image one label"
+        )
 
 
 def _show(label: str | tuple[str, ...] | tuple[float, ...]) -> str:

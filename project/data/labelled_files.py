@@ -3,8 +3,9 @@
 What a source of labelled images needs beyond its list of files is the same for every source: decoding any
 size and mode, the decoded-image cache, a stratified validation split when the source has none, k-fold
 splits, statistics from the training part only, the unreadable-file and decompression-bomb guards, and a
-prediction folder. All of that lives here. A source says only where its files and labels are: `scan(split)`.
-`ImageFolderDataModule` (class folders) is one source; a CSV of paths and labels is another.
+prediction folder. All of that lives here. The DataModule holds a source (`project.data.file_source`), which
+says only where the files and labels are: `ClassFolders` (class folders) is one, `CSVLabels` (a CSV of paths
+and labels) another.
 """
 
 from pathlib import Path
@@ -22,6 +23,7 @@ from project.data.decoded_cache import (
     readable_files,
     sampled_mean_std,
 )
+from project.data.file_source import FileSource
 from project.data.folds import Folds, iterative_stratification
 from project.data.image_reading import (
     MAX_IMAGE_PIXELS,
@@ -32,7 +34,7 @@ from project.data.image_reading import (
     list_images,
 )
 from project.data.label_checks import check_class_names
-from project.data.targets import Classes, Tags, TargetKind
+from project.data.targets import Tags, TargetKind
 from project.data.tensor_dataset import TensorImageDataset
 from project.errors import UserError, warn
 from project.machine import available_cpus
@@ -45,13 +47,12 @@ MAX_IMAGE_SIZE = 8192
 class ImageFilesDataModule(ImageDataModule):
     """Labelled image files of any size and mode, resized once to `image_size` and cached.
 
-    Subclasses implement `scan(split)`: the files of `train` (required), `val` and `test` (None when the source
-    has no such split: validation is then split off the training files by `val_fraction`, stratified and seeded,
-    and testing falls back to validation). A source also says the kind of its labels (`target_kind`,
-    `project.data.targets`: classes by default, or each image's tags, or its real values), which says how they
-    are encoded and what stratifies the validation split and the folds. Constructing reads nothing: the
-    training split is scanned (and checked) when something first asks for it, as the data -> model links do
-    for the class names before anything trains.
+    The `source` (a `FileSource`) lists the files of `train` (required), `val` and `test` (None when it has no
+    such split: validation is then split off the training files by `val_fraction`, stratified and seeded, and
+    testing falls back to validation), and says the kind of its labels (`project.data.targets`: classes, each
+    image's tags, or its real values), which says how they are encoded and what stratifies the validation
+    split and the folds. Constructing reads nothing: the training split is scanned (and checked) when
+    something first asks for it, as the data -> model links do for the class names before anything trains.
 
     Every image is converted to RGB (grayscale, RGBA and palette images too), its shorter side resized to
     `image_size` and centre-cropped. With `cache: true` (default) this happens once: the images land in a
@@ -60,6 +61,7 @@ class ImageFilesDataModule(ImageDataModule):
     the loader workers each epoch (for datasets too large for the disk cache).
 
     Args:
+        source: Where the files and their labels are (`ClassFolders`, `CSVLabels`, or one of your own).
         image_size: Side of the square images the network sees (at most 8192).
         val_fraction: Fraction of each class held out for validation when the source has no validation split.
         cache: Decode once into the memory-mapped cache (fast) instead of every epoch.
@@ -83,11 +85,9 @@ class ImageFilesDataModule(ImageDataModule):
         **kwargs: The loader and augmentation settings of `ImageDataModule` (batch_size, num_workers, ...).
     """
 
-    #: The kind of the labels `scan` gives (a source whose settings choose it sets it in its `__init__`).
-    target_kind: type[TargetKind] = Classes
-
     def __init__(
         self,
+        source: FileSource,
         image_size: int = 64,
         val_fraction: float = 0.1,
         cache: bool = True,
@@ -125,6 +125,7 @@ class ImageFilesDataModule(ImageDataModule):
                 f"data.cache_size must be between image_size={image_size} and {MAX_IMAGE_SIZE}, got {cache_size}"
             )
         super().__init__(**kwargs)
+        self.source = source
         self.folds = Folds.of(num_folds, fold)
         self.image_size = image_size
         #: The side of the images stored (and read): the network's input, or the larger source it is cut from.
@@ -148,7 +149,7 @@ class ImageFilesDataModule(ImageDataModule):
         names, the other splits' labels against training's, the validation split and the folds."""
         counts = self.targets.counts(train.labels)
         if counts is not None:  # names that group images (classes, tags), not the names of values
-            check_class_names(train.classes, counts, self.labels_source(), self.targets.noun)
+            check_class_names(train.classes, counts, self.source.labels_source(), self.targets.noun)
         has_val = self.scanned("val") is not None
         self.scanned("test")  # its labels checked against training's now, not after the whole fit
         if not has_val and not 0.0 < self.val_fraction < 1.0:
@@ -158,26 +159,8 @@ class ImageFilesDataModule(ImageDataModule):
             )
         if self.folds is not None:
             if has_val:
-                raise UserError(self.folds_with_val_split(self.folds.count))
+                raise UserError(self.source.folds_with_val_split(self.folds.count))
             self.folds.check(train.labels, self.targets)
-
-    # -- what a source defines ---------------------------------------------------------------------------------
-    def scan(self, split: str) -> LabelledFiles | None:
-        """The files and labels of `split` (`train`, `val`, `test`), or None when the source has no such split.
-        The classes of `val` and `test` must be those of `train`, in the same order. For multi-label data each
-        label is the tuple of the image's tag indices, for values the tuple of its values."""
-        raise NotImplementedError
-
-    def labels_source(self) -> str:
-        """Where the training labels come from, as warnings about them name it."""
-        return str(getattr(self, "train_dir", "the training data"))
-
-    def folds_with_val_split(self, num_folds: int) -> str:
-        """The message for `num_folds` given with a source that has its own validation split."""
-        return (
-            f"data.num_folds={num_folds}: the folds are drawn from the training images, and the data has a "
-            "validation split of its own that would be ignored; drop data.num_folds to validate on it"
-        )
 
     # -- what the model needs to know ----------------------------------------------------------------------------
     @property
@@ -186,7 +169,7 @@ class ImageFilesDataModule(ImageDataModule):
 
     @property
     def targets(self) -> TargetKind:
-        return self.target_kind(tuple(self.class_names))
+        return self.source.target_kind(tuple(self.class_names))
 
     @property
     def input_shape(self) -> tuple[int, int, int]:
@@ -221,10 +204,12 @@ class ImageFilesDataModule(ImageDataModule):
 
     # -- building the splits --------------------------------------------------------------------------------
     def scanned(self, split: str) -> Any:
-        """`scan(split)`, once per split (typed loosely: `train` is never None). Nothing is read before the first
-        call: the data -> model links ask for the class names, which scans the training split and checks it."""
+        """The source's scan of `split`, once per split (typed loosely: `train` is never None). Nothing is read
+        before the first call: the data -> model links ask for the class names, which scans the training split
+        and checks it."""
         if split not in self._scans:
-            self._scans[split] = self.scan(split)
+            train = None if split == "train" else self.scanned("train")
+            self._scans[split] = self.source.scan(split, train)
             if split == "train":
                 try:
                     self._check(self._scans[split])  # pyright: ignore[reportArgumentType]  # train: never None
@@ -373,7 +358,10 @@ class ImageFilesDataModule(ImageDataModule):
             self.predict_names = [str(f) for f in files]
 
     def predict_files(self) -> list[Path]:
-        """The images `predict` reads: `predict_root`, else the test split, else the validation split."""
+        """The images `predict` reads: those the source names, else `predict_root`, else the test split, else
+        the validation split."""
+        if (named := self.source.predict_files()) is not None:
+            return named
         if self.predict_root is not None:
             files = list_images(self.predict_root)
             if not files:

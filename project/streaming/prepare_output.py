@@ -48,9 +48,10 @@ def _is_own_metadata(path: Path) -> bool:
     return isinstance(meta, dict) and meta.get("format") == FORMAT
 
 
-def input_folders(data_config: Any) -> dict[str, Path]:
+def input_folders(data_config: Any, prefix: str = "data") -> dict[str, Path]:
     """The folders a source's config reads (what names each -> the folder, resolved): its own folders, those of
-    its CSV files, and the folder torchvision reads CIFAR from inside data_dir."""
+    its CSV files, the folder torchvision reads CIFAR from inside data_dir, and those of the source a DataModule
+    holds (`data.source`, a class of its own: any of its settings naming an existing file or folder)."""
     settings = getattr(data_config, "init_args", None)
     if settings is None:
         return {}
@@ -58,9 +59,18 @@ def input_folders(data_config: Any) -> dict[str, Path]:
     for key in (*INPUT_FOLDERS, *INPUT_FILES):
         if value := settings.get(key):
             path = Path(str(value)).expanduser().resolve()
-            found[f"data.{key}" if key in INPUT_FOLDERS else f"data.{key}'s folder"] = (
+            found[f"{prefix}.{key}" if key in INPUT_FOLDERS else f"{prefix}.{key}'s folder"] = (
                 path.parent if key in INPUT_FILES else path
             )
+    if prefix != "data":  # a source's settings: whatever names a file or folder is read from
+        for key, value in vars(settings).items():
+            path = Path(str(value)).expanduser() if isinstance(value, str | Path) and value else None
+            if key not in (*INPUT_FOLDERS, *INPUT_FILES) and path is not None and path.exists():
+                found[f"{prefix}.{key}" if path.is_dir() else f"{prefix}.{key}'s folder"] = (
+                    path.resolve() if path.is_dir() else path.resolve().parent
+                )
+    if source := settings.get("source"):
+        found |= input_folders(source, f"{prefix}.source")
     if value := settings.get("data_dir"):
         from torchvision.datasets import CIFAR10, CIFAR100
 

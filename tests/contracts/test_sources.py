@@ -17,6 +17,8 @@ import torch
 
 from project.data import (
     CIFARDataModule,
+    ClassFolders,
+    FileSource,
     ImageCSVDataModule,
     ImageDataModule,
     ImageFilesDataModule,
@@ -95,6 +97,9 @@ SOURCES = [
            tiny_data.cifar),
     Source("class-folder", Classes, lambda root: ImageFolderDataModule(str(root), **files(root)),
            tiny_data.class_folder),
+    # The same source held by the DataModule of image files itself, as a config of a source of one's own reads
+    Source("class-folder-held", Classes, lambda root: ImageFilesDataModule(ClassFolders(str(root)), **files(root)),
+           tiny_data.class_folder),
     Source("csv-classes", Classes, lambda root: ImageCSVDataModule(str(root / "labels.csv"), **files(root)),
            tiny_data.classes_csv),
     Source("csv-tags", Tags,
@@ -113,13 +118,18 @@ SOURCES = [
 def test_every_shipped_source_is_in_the_list(tmp_path):
     import project.data
 
-    bases = {ImageDataModule, ImageFilesDataModule}  # what a source subclasses, not sources themselves
-    shipped = {getattr(project.data, name) for name in project.data.__all__} - bases
+    exported = [getattr(project.data, name) for name in project.data.__all__]
+    bases = {ImageDataModule, FileSource}  # what a source subclasses, not sources themselves
+    shipped = {cls for cls in exported if issubclass(cls, (ImageDataModule, FileSource))} - bases
     listed = set()
     for source in SOURCES:
         # (an optional part's source without its extra installed is skipped, and not listed)
         with contextlib.suppress(pytest.skip.Exception):
-            listed.add(type(source.build(tmp_path / source.id)))  # building reads nothing: cheap
+            built = source.build(tmp_path / source.id)  # building reads nothing: cheap
+            listed |= {
+                type(built),
+                type(getattr(built, "source", None)),
+            }  # a DataModule, and the source it holds
     missing = {cls.__name__ for cls in shipped} - {cls.__name__ for cls in listed}
     assert not missing, f"add {sorted(missing)} to SOURCES"
 
