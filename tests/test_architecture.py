@@ -201,6 +201,28 @@ def test_the_rule_sees_a_mixin():
     assert mixins(mixed) == ["FoldsMixin"]
 
 
+def own_behaviour(cls: type) -> list[str]:
+    """What a class defines beyond its constructor and documentation: its own methods and attributes."""
+    plain = {"__init__", "__doc__", "__module__", "__qualname__", "__firstlineno__", "__static_attributes__"}
+    return sorted(set(vars(cls)) - plain - {"__annotations__", "__dict__", "__weakref__"})
+
+
+def test_data_modules_of_image_files_hold_their_source():
+    """Where labelled image files come from is an object the DataModule of image files holds (a `FileSource`):
+    the shipped DataModules of class folders and CSVs only build theirs from their settings, and add nothing."""
+    import importlib
+
+    data = importlib.import_module(f"{PACKAGE}.data")
+    facades = [data.ImageFolderDataModule, data.ImageCSVDataModule]
+    assert all(cls.__bases__ == (data.ImageFilesDataModule,) for cls in facades)
+    assert {cls.__name__: own_behaviour(cls) for cls in facades if own_behaviour(cls)} == {}
+
+
+def test_the_rule_sees_behaviour_added_to_a_data_module():
+    subclass = type("Folders", (), {"__init__": lambda self: None, "scan": lambda self, split: None})
+    assert own_behaviour(subclass) == ["scan"]
+
+
 FIT_IMPORTS = f"""
 import sys
 from {PACKAGE}.cli import main
@@ -259,6 +281,7 @@ FIT_CORE = set(
         "data.csv_labels",
         "data.datamodule",
         "data.class_folders",
+        "data.file_source",
         "data.labelled_files",
         "data.samplers",
         "data.folds",

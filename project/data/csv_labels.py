@@ -10,7 +10,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from project.data.csv_reading import FileFinder, cell, column, existing_file, read_csv
+from project.data.csv_reading import CSVFiles, cell, column, find_csv_files, listed_images, read_csv
 from project.data.file_source import FileSource
 from project.data.image_reading import Label, LabelledFiles
 from project.data.label_checks import (
@@ -96,54 +96,27 @@ class CSVLabels(FileSource):
                 "data.label_separator is empty: give the text between tags (such as ';'), or leave it unset to "
                 "split tags at whitespace"
             )
-        self._given = {
-            "train": csv,
-            "val": val_csv,
-            "test": test_csv,
-            "predict": predict_csv,
-            "images": images,
-        }
+        self._given = (csv, val_csv, test_csv, predict_csv, images)
         self.path_column, self.label_column, self.label_columns = path_column, label_column, label_columns
         self.target_kind = Values if values else Tags if multilabel or label_columns is not None else Classes
         self.label_separator = label_separator
-        self._found: tuple[dict[str, Path], Path | None, Path, FileFinder] | None = None
+        self._found: CSVFiles | None = None
 
-    def _files(self) -> tuple[dict[str, Path], Path | None, Path, FileFinder]:
-        """(the CSV of each split, the CSV to predict, the images' folder, its file finder), checked once."""
+    def _files(self) -> CSVFiles:
+        """The files the settings name, checked once, when the data is first read."""
         if self._found is None:
-            given = self._given
-            csvs = {"train": existing_file(given["train"], "data.csv")}
-            for split, key in (("val", "data.val_csv"), ("test", "data.test_csv")):
-                if given[split] is not None:
-                    csvs[split] = existing_file(given[split], key)
-            predict = existing_file(given["predict"], "data.predict_csv") if given["predict"] else None
-            images = (
-                Path(given["images"]).expanduser().resolve()
-                if given["images"]
-                else csvs["train"].resolve().parent
-            )
-            if not images.is_dir():
-                raise UserError(f"data.images {images} does not exist or is not a directory")
-            self._found = (csvs, predict, images, FileFinder(images))
+            self._found = find_csv_files(*self._given)
         return self._found
 
     @property
     def csvs(self) -> dict[str, Path]:
         """The CSV of each split the data has (`train`, and `val`/`test` where given)."""
-        return self._files()[0]
-
-    @property
-    def predict_csv(self) -> Path | None:
-        return self._files()[1]
+        return self._files().csvs
 
     @property
     def images(self) -> Path:
         """The folder the CSVs' paths are relative to."""
-        return self._files()[2]
-
-    @property
-    def _finder(self) -> FileFinder:
-        return self._files()[3]
+        return self._files().images
 
     def scan(self, split: str, train: LabelledFiles | None) -> LabelledFiles | None:
         if split not in self.csvs:
@@ -164,7 +137,7 @@ class CSVLabels(FileSource):
             value = cell(path, row, cells, path_at, header)
             if not value:
                 raise UserError(f"{path} row {row}: the image path is empty")
-            found = self._finder.find(value)
+            found = self._files().finder.find(value)
             if found is None:
                 missing.append((row, value))
                 continue
@@ -332,19 +305,8 @@ class CSVLabels(FileSource):
         )
 
     def predict_files(self) -> list[Path] | None:
-        if self.predict_csv is None:
-            return None
-        header, rows, _ = read_csv(self.predict_csv)
-        at = column(self.predict_csv, header, self.path_column, 0, "data.path_column")
-        files = []
-        for row, cells in rows:
-            found = self._finder.find(value := cell(self.predict_csv, row, cells, at, header))
-            if not isinstance(found, tuple):
-                raise UserError(
-                    f"{self.predict_csv} row {row}: no single image {shown(value)} in {self.images}"
-                )
-            files.append(Path(found[0]))
-        return files
+        predict = self._files().predict
+        return None if predict is None else listed_images(predict, self.path_column, self._files())
 
 
 class ImageCSVDataModule(ImageFilesDataModule):

@@ -1,6 +1,7 @@
-"""Reading the CSVs of `ImageCSVDataModule`: the file itself (`read_csv`: UTF-8, its header and rows), a row's
-cells and the header's columns, and the image files its paths name (`FileFinder`). Every error names the CSV,
-the row (as a spreadsheet numbers it: the header is row 1) and the value.
+"""Reading the CSVs of `CSVLabels`: which files its settings name (`find_csv_files`), the file itself (`read_csv`:
+UTF-8, its header and rows), a row's cells and the header's columns, and the image files its paths name
+(`FileFinder`, `listed_images`). Every error names the CSV, the row (as a spreadsheet numbers it: the header is
+row 1) and the value.
 """
 
 import csv
@@ -8,6 +9,7 @@ import hashlib
 import io
 import os
 from pathlib import Path
+from typing import NamedTuple
 
 from project.data.image_reading import IMAGE_EXTENSIONS
 from project.data.label_checks import shown
@@ -118,3 +120,42 @@ def column(path: Path, header: list[str], name: str | None, default: int | None,
     if name not in header:
         raise UserError(f"{path} has no column {name!r} ({key}); row 1 (the header) has: {', '.join(header)}")
     return header.index(name)
+
+
+class CSVFiles(NamedTuple):
+    """The files a CSV source's settings name, checked: the CSV of each split it has (`train`, and `val`/`test`
+    where given), the CSV of images to predict, the folder the CSVs' paths are relative to, and its finder."""
+
+    csvs: dict[str, Path]
+    predict: Path | None
+    images: Path
+    finder: FileFinder
+
+
+def find_csv_files(
+    csv: str, val_csv: str | None, test_csv: str | None, predict_csv: str | None, images: str | None
+) -> CSVFiles:
+    """The CSVs and the images' folder the settings name (`images`: default, the training CSV's folder); a
+    UserError naming the setting whose file or folder is missing."""
+    csvs = {"train": existing_file(csv, "data.csv")}
+    for split, given, key in (("val", val_csv, "data.val_csv"), ("test", test_csv, "data.test_csv")):
+        if given is not None:
+            csvs[split] = existing_file(given, key)
+    predict = existing_file(predict_csv, "data.predict_csv") if predict_csv else None
+    folder = Path(images).expanduser().resolve() if images else csvs["train"].resolve().parent
+    if not folder.is_dir():
+        raise UserError(f"data.images {folder} does not exist or is not a directory")
+    return CSVFiles(csvs, predict, folder, FileFinder(folder))
+
+
+def listed_images(path: Path, path_column: str | None, files: CSVFiles) -> list[Path]:
+    """The images the CSV `path` lists in its path column (only that column is read), in its order."""
+    header, rows, _ = read_csv(path)
+    at = column(path, header, path_column, 0, "data.path_column")
+    found_files = []
+    for row, cells in rows:
+        found = files.finder.find(value := cell(path, row, cells, at, header))
+        if not isinstance(found, tuple):
+            raise UserError(f"{path} row {row}: no single image {shown(value)} in {files.images}")
+        found_files.append(Path(found[0]))
+    return found_files
