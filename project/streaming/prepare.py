@@ -34,7 +34,7 @@ from project.data.image_reading import MAX_IMAGE_PIXELS
 from project.errors import UserError
 from project.streaming.metadata import METADATA
 from project.streaming.prepare_bucket import open_bucket
-from project.streaming.prepare_chunks import metadata_text, write_splits
+from project.streaming.prepare_chunks import ChunkOutput, ChunkSettings, metadata_text, write_splits
 from project.streaming.prepare_output import (
     INCOMPLETE,
     check_apart,
@@ -153,12 +153,7 @@ def prepare(
         raise UserError(f"--size must be at least 1 pixel (or null for the source resolution), got {size}")
     if not 1 <= quality <= 95:
         raise UserError(f"--quality must be between 1 and 95, got {quality}")
-    settings: dict[str, Any] = {
-        "size": size,
-        "quality": quality,
-        "chunk_bytes": chunk_size_bytes(chunk_bytes),
-        "num_workers": num_workers,
-    }
+    settings = ChunkSettings(size, quality, chunk_size_bytes(chunk_bytes), num_workers)
     _, parsed = parse_fit_args(fit_args or [])
     if "://" in output_dir:
         bucket = open_bucket(output_dir)
@@ -171,7 +166,7 @@ def prepare(
         with _stop_on_sigterm(stopped), writing(bucket.shown, bucket.url):
             bucket.put(INCOMPLETE, "")  # before the old metadata goes: the prefix stays recognisably ours
             bucket.delete(METADATA)
-            metadata = write_splits(litdata, *source, bucket.url, bucket.shown, bucket, **settings)
+            metadata = write_splits(litdata, *source, ChunkOutput(bucket.url, bucket.shown, bucket), settings)
             bucket.put(METADATA, metadata_text(metadata))
             bucket.delete(INCOMPLETE)
         shown = bucket.shown
@@ -199,7 +194,7 @@ def _read_source(parsed: Any, num_folds: int | None) -> tuple[LabelledSplits, li
 
 
 def _prepare_folder(
-    litdata: Any, parsed: Any, out: Path, overwrite: bool, num_folds: int | None, settings: dict[str, Any]
+    litdata: Any, parsed: Any, out: Path, overwrite: bool, num_folds: int | None, settings: ChunkSettings
 ) -> dict[str, Any]:
     """Write the dataset into a staging folder beside `out` and swap it in, under the lock; a failure removes
     the staging folder, the lock and the parent folders this call created."""
@@ -218,9 +213,8 @@ def _prepare_folder(
                     shutil.rmtree(staging, ignore_errors=True)
                     staging.mkdir()
                     (staging / INCOMPLETE).touch()
-                    metadata = write_splits(
-                        litdata, source, fold_sizes, str(staging), shown, None, **settings
-                    )
+                    output = ChunkOutput(str(staging), shown)
+                    metadata = write_splits(litdata, source, fold_sizes, output, settings)
                     (staging / METADATA).write_text(metadata_text(metadata))
                     (staging / INCOMPLETE).unlink()
                     fsync_tree(staging)

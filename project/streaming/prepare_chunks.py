@@ -14,6 +14,7 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,39 +25,52 @@ from project.streaming.prepare_bucket import Bucket
 from project.streaming.prepare_sources import encode_sample, mean_std
 
 
+@dataclass(frozen=True)
+class ChunkSettings:
+    """How samples are stored: the shorter side (None: the source's own), the JPEG quality, the bytes per
+    chunk, and litdata's worker processes (None: one per available CPU)."""
+
+    size: int | None
+    quality: int
+    chunk_bytes: int
+    num_workers: int | None
+
+
+@dataclass(frozen=True)
+class ChunkOutput:
+    """Where the chunks go: `root` (a local folder or the bucket's URL), `shown` (how messages name the output),
+    and the bucket when it is object storage."""
+
+    root: str
+    shown: str
+    bucket: Bucket | None = None
+
+
 def write_splits(
     litdata: Any,
     source: LabelledSplits,
     fold_sizes: list[int] | None,
-    root: str,
-    shown: str,
-    bucket: Bucket | None,
-    size: int | None,
-    quality: int,
-    chunk_bytes: int,
-    num_workers: int | None,
+    output: ChunkOutput,
+    chunks: ChunkSettings,
 ) -> dict[str, Any]:
-    """Write every split of `source` under `root` (a local folder or the bucket's URL) and return the metadata
-    to write last; `shown` is how messages name the output."""
+    """Write every split of `source` to `output` and return the metadata to write last."""
     from project.machine import available_cpus
 
-    workers = num_workers or available_cpus()
-    classes, targets = source.classes, source.targets
+    workers = chunks.num_workers or available_cpus()
     counts: dict[str, int] = {}
     with _own_litdata_folders():
         for split, (files, labels) in source.splits.items():
-            counts[split] = _write_split(litdata, split, files, labels, source, root, shown, bucket, size,
-                                         quality, chunk_bytes, workers)  # fmt: skip
-    stats_size = min(size or 256, source.image_size)
+            counts[split] = _write_split(litdata, split, files, labels, source, output, chunks, workers)
+    stats_size = min(chunks.size or 256, source.image_size)
     mean, std = mean_std(source.splits["train"][0], stats_size, source.max_pixels)
     return {
         "format": FORMAT,
-        "classes": classes,
-        "targets": targets.kind,
+        "classes": source.classes,
+        "targets": source.targets.kind,
         "splits": counts,
         # Fold k of the training split is its samples sum(sizes[:k]) to sum(sizes[:k + 1]).
         "folds": None if fold_sizes is None else {"seed": source.seed, "sizes": fold_sizes},
-        "size": size,
+        "size": chunks.size,
         "mean": mean,
         "std": std,
         "source": source.name,
@@ -69,30 +83,27 @@ def _write_split(
     files: list[Any],
     labels: list[Any],
     source: LabelledSplits,
-    root: str,
-    shown: str,
-    bucket: Bucket | None,
-    size: int | None,
-    quality: int,
-    chunk_bytes: int,
+    output: ChunkOutput,
+    chunks: ChunkSettings,
     workers: int,
 ) -> int:
-    """Write one split under `root` with litdata, checked complete; the number of images written."""
+    """Write one split to `output` with litdata, checked complete; the number of images written."""
     items = [
-        (f, source.targets.stored(y), size, quality, source.max_pixels, i)
+        (f, source.targets.stored(y), chunks.size, chunks.quality, source.max_pixels, i)
         for i, (f, y) in enumerate(zip(files, labels, strict=True))
     ]
-    with _ending_children(), _full_disk_named(root if bucket is None else _litdata_cache(), chunk_bytes):
+    working = output.root if output.bucket is None else _litdata_cache()
+    with _ending_children(), _full_disk_named(working, chunks.chunk_bytes):
         litdata.optimize(
             fn=encode_sample,
             inputs=items,
-            output_dir=f"{root}/{split}",
-            chunk_bytes=chunk_bytes,
+            output_dir=f"{output.root}/{split}",
+            chunk_bytes=chunks.chunk_bytes,
             num_workers=min(workers, max(1, len(items))),
             mode="overwrite",
             verbose=False,
         )
-    _check_complete(root, shown, split, bucket)
+    _check_complete(output.root, output.shown, split, output.bucket)
     return len(items)
 
 
