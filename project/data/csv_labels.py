@@ -312,9 +312,9 @@ class CSVLabels(FileSource):
 class ImageCSVDataModule(ImageFilesDataModule):
     """Images listed in a CSV with their labels (`CSVLabels`: classes, tags or values), decoded, cached, split
     and checked by `ImageFilesDataModule`. Validation is split off the training CSV by `val_fraction` unless
-    `val_csv` is given.
+    `val_csv` is given. What the CSV settings mean in full is said by `CSVLabels`.
 
-    Args (what the CSV settings mean in full: `CSVLabels`):
+    Args:
         csv: The training CSV (a header row, then one row per image: its path, its label).
         images: The folder the CSVs' paths are relative to. Default: the training CSV's folder.
         val_csv: A CSV of validation images (same columns). Default: split off `csv` by `val_fraction`.
