@@ -9,10 +9,11 @@ from project.export.trained import TrainedModel, load_trained
 
 __all__ = ["Preprocessing", "TrainedModel", "load_trained", "read_metadata"]
 
-#: The commands this part adds (project.find_tools reads this literal without importing the package): name ->
-#: (".module:function" relative to this package, summary).
-COMMANDS = {
-    "export": (".model_export:main", "export a checkpoint to ONNX, AOTInductor and/or TorchScript"),
-    "quantize": (".quantize:main", "INT8 quantization report: accuracy, latency, size"),
-    "predict_onnx": (".predict_onnx:main", "batched inference from an ONNX model or AOTInductor package"),
+#: What this package adds to the core's seams (project.registry reads it without importing the package).
+REGISTER = {
+    "commands": {
+        "export": (".model_export:main", "export a checkpoint to ONNX, AOTInductor and/or TorchScript"),
+        "quantize": (".quantize:main", "INT8 quantization report: accuracy, latency, size"),
+        "predict_onnx": (".predict_onnx:main", "batched inference from an ONNX model or AOTInductor package"),
+    }
 }

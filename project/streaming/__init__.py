@@ -6,6 +6,7 @@ metadata; `StreamingImageDataModule` (`source`) trains on them, each process and
 share. litdata is an optional extra, imported only when chunks are read or written.
 """
 
-#: The commands this package adds (project.find_tools reads this literal without importing the package): name ->
-#: (".module:function" relative to this package, summary).
-COMMANDS = {"prepare": (".prepare:main", "convert image files into litdata chunks for streaming")}
+#: What this package adds to the core's seams (project.registry reads it without importing the package).
+REGISTER = {
+    "commands": {"prepare": (".prepare:main", "convert image files into litdata chunks for streaming")}
+}

@@ -8,9 +8,10 @@ and `tables` their result tables; `cv` (with `cv_results`), `tune` (with `trial_
 fit) build on them. This is a tool layer: it imports the CLI, data, run and io layers, and nothing imports it.
 """
 
-#: The commands this part adds (project.find_tools reads this literal without importing the package): name ->
-#: (".module:function" relative to this package, summary).
-COMMANDS = {
-    "cv": (".cv:main", "k-fold cross-validation: one fit per fold, then the table"),
-    "tune": (".tune:main", "hyperparameter search with Optuna: one fit per trial"),
+#: What this package adds to the core's seams (project.registry reads it without importing the package).
+REGISTER = {
+    "commands": {
+        "cv": (".cv:main", "k-fold cross-validation: one fit per fold, then the table"),
+        "tune": (".tune:main", "hyperparameter search with Optuna: one fit per trial"),
+    }
 }
