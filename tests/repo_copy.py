@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pathspec
 import yaml
 
 from tests.conftest import ROOT
@@ -21,12 +22,25 @@ PARTS: dict[str, dict] = yaml.safe_load((ROOT / "parts.yaml").read_text()) or {}
 
 
 def repository_files() -> list[str]:
-    """The repository's files as git sees them (tracked, and new ones not ignored), relative to the root."""
-    listed = subprocess.run(
-        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
-        cwd=ROOT, capture_output=True, text=True, check=True,
-    ).stdout.split("\0")  # fmt: skip
-    return sorted(name for name in set(listed) if name and (ROOT / name).is_file())
+    """The repository's files as git sees them (tracked, and new ones not ignored), relative to the root. A
+    project just made from the template is no git repository yet: there, every file that .gitignore does not
+    ignore (pathspec reads it as git does)."""
+    if (ROOT / ".git").exists():
+        listed = subprocess.run(
+            ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
+            cwd=ROOT, capture_output=True, text=True, check=True,
+        ).stdout.split("\0")  # fmt: skip
+        return sorted(name for name in set(listed) if name and (ROOT / name).is_file())
+    ignore_file = ROOT / ".gitignore"
+    ignored = pathspec.GitIgnoreSpec.from_lines(
+        ignore_file.read_text().splitlines() if ignore_file.is_file() else []
+    )
+    found = []
+    for folder, subfolders, names in os.walk(ROOT):
+        where = Path(folder).relative_to(ROOT)
+        subfolders[:] = [s for s in subfolders if not ignored.match_file(f"{(where / s).as_posix()}/")]
+        found += [(where / n).as_posix() for n in names if not ignored.match_file((where / n).as_posix())]
+    return sorted(found)
 
 
 def copy_repository(destination: Path) -> Path:

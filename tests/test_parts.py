@@ -182,3 +182,17 @@ def test_deleting_a_part_leaves_a_project_that_starts_and_collects_its_tests(par
     assert collected.returncode == 0 and "error" not in collected.stdout.splitlines()[-1], (
         collected.stdout[-5000:] + collected.stderr[-3000:]
     )
+
+
+def test_a_project_that_is_no_git_repository_yet_lists_the_same_files(tmp_path):
+    """A project just made with `copier copy` has no .git until its owner runs `git init`: its first `make test`
+    must list its files all the same (.gitignore read as git reads it)."""
+    copy = copy_repository(tmp_path / "copy")
+    for ignored in ("logs/runs/version_0/metrics.csv", "build/x.txt", "project_cache/__pycache__/a.pyc"):
+        (copy / ignored).parent.mkdir(parents=True, exist_ok=True)
+        (copy / ignored).write_text("")
+    listed = run_in(
+        copy, "-c", "from tests.repo_copy import repository_files; print('\\n'.join(repository_files()))"
+    )
+    assert listed.returncode == 0, listed.stderr
+    assert listed.stdout.split() == repository_files()
