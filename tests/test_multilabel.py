@@ -137,13 +137,13 @@ def test_task_and_data_must_agree_on_what_a_target_is(tmp_path):
     with pytest.raises(
         UserError,
         match=r"data \(TagData\) gives a set of tags per image but model ImageClassifier takes one class per "
-        rf"image: train it with --model {PACKAGE}\.tasks\.MultiLabelClassifier \(as configs/csv_multilabel\.yaml",
+        r"image: train it with --model MultiLabelClassifier \(as configs/csv_multilabel\.yaml",
     ):
         trainer(tmp_path).validate(single, datamodule=TagData(), verbose=False)
     classes = SimpleNamespace(targets=kinds.Classes(tuple(TAGS)))
     with pytest.raises(
         UserError,
-        match=rf"gives one class per image but .*: train it with --model {PACKAGE}\.tasks\.ImageClassifier",
+        match=r"gives one class per image but .*: train it with --model ImageClassifier ",
     ):
         check_task_fits_data(identity_task(), classes)
     check_task_fits_data(single, classes)  # agree: nothing to say

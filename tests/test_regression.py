@@ -238,13 +238,13 @@ def test_a_task_given_data_of_another_kind_is_one_line_naming_both(tmp_path, cap
     line = error_line([*regressor, "--data.csv", classes, "--data.values", "false"], capsys)
     assert line == (
         "error: the data (ImageCSVDataModule) gives one class per image but model ImageRegressor takes real values "
-        "per image: train it with --model project.tasks.ImageClassifier (as configs/csv.yaml does)"
+        "per image: train it with --model ImageClassifier (as configs/folder.yaml does)"
     )
     classifier = ["--config", CONFIGS / "csv.yaml", "--data.csv", tmp_path / "data" / "values.csv"]
     line = error_line([*classifier, "--data.values", "true", "--data.cache_dir", tmp_path / "c"], capsys)
     assert line == (
         "error: the data (ImageCSVDataModule) gives real values per image but model ImageClassifier takes one "
-        "class per image: train it with --model project.tasks.ImageRegressor (as configs/csv_regression.yaml does)"
+        "class per image: train it with --model ImageRegressor (as configs/csv_regression.yaml does)"
     )
     values = tmp_path / "data" / "values.csv"
     line = error_line([*regressor, "--data.csv", values, "--model", "MultiLabelClassifier"], capsys)

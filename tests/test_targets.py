@@ -10,7 +10,8 @@ import torch
 
 from project.data.augment import mix_batch
 from project.data.folds import check_class_counts, fold_split
-from project.data.targets import KINDS, Classes, Tags, Values, kind_named
+from project.data.targets import Classes, Tags, Values, kind_named
+from project.registry import load_all
 from project.errors import UserError
 from tests.conftest import PACKAGE, ROOT
 
@@ -35,7 +36,7 @@ def test_each_kind_says_its_metric_direction_outputs_and_recorded_name():
         ("map", "max"),
         ("mae", "min"),
     ]
-    assert {name: kind.kind for name, kind in KINDS.items()} == {
+    assert {name: kind.kind for name, kind in load_all("target_kinds").items()} == {
         "classes": "classes",
         "tags": "tags",
         "values": "values",

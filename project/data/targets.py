@@ -13,7 +13,7 @@ A source says the kind of its labels (a DataModule's `targets`); a task says the
 - how many network outputs the kind implies (`outputs`) and what a checkpoint records for deployment
   (`output_spec`, read by `project.export.decoding`) and for its data's identity (`kind`).
 
-A new kind is one class here, added to `KINDS`, and a task that accepts it.
+A new kind is one class, registered by its package (`target_kinds`: project.registry), and a task that accepts it.
 """
 
 from collections.abc import Sequence
@@ -245,12 +245,12 @@ class Values(TargetKind):
         return {"kind": "values", "outputs": "values", "decode": "the outputs are the values"}
 
 
-#: Every kind by its recorded name.
-KINDS: dict[str, type[TargetKind]] = {kind.kind: kind for kind in (Classes, Tags, Values)}
-
-
 def kind_named(name: str, names: Sequence[str]) -> TargetKind:
-    """The kind recorded as `name` (a checkpoint's or a prepared dataset's), over `names`."""
-    if name not in KINDS:
-        raise ValueError(f"unknown kind of target {name!r}; known: {', '.join(KINDS)}")
-    return KINDS[name](tuple(names))
+    """The kind recorded as `name` (a checkpoint's or a prepared dataset's), over `names`: one that a package
+    present registers (project.registry)."""
+    from project.registry import load, registered
+
+    if name not in registered("target_kinds"):
+        known = ", ".join(registered("target_kinds"))
+        raise ValueError(f"unknown kind of target {name!r}; known: {known}")
+    return load("target_kinds", name)(tuple(names))

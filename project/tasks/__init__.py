@@ -6,3 +6,12 @@ from project.tasks.multilabel_classifier import MultiLabelClassifier
 from project.tasks.task import ImageTask
 
 __all__ = ["ImageClassifier", "ImageRegressor", "ImageTask", "MultiLabelClassifier"]
+
+#: What this package adds to the core's seams (project.registry reads it without importing the package).
+REGISTER = {
+    "tasks": {
+        "ImageClassifier": ".image_classifier",
+        "MultiLabelClassifier": ".multilabel_classifier",
+        "ImageRegressor": ".image_regressor",
+    }
+}

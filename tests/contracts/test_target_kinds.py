@@ -1,4 +1,4 @@
-"""The target-kind seam's contract: every kind of target in KINDS (`project.data.targets`), with labels of its own
+"""The target-kind seam's contract: every kind of target registered (`target_kinds`, project.registry), with labels of its own
 as a source gives them, encodes them as its loss takes them and stores them as `prepare` writes them (read back
 as the same targets), stratifies splits and folds, mixes two images' targets for MixUp/CutMix, names a metric
 and its direction that rank a perfect answer above a wrong one, and records what its outputs mean for
@@ -17,7 +17,8 @@ import torch
 
 from project.data.augment import mix_batch
 from project.data.folds import fold_split
-from project.data.targets import KINDS, Classes, Tags, TargetKind, Values, kind_named
+from project.data.targets import Classes, Tags, TargetKind, Values, kind_named
+from project.registry import load_all
 
 N = 20
 
@@ -48,12 +49,12 @@ def example(request) -> Example:
 
 
 def test_every_kind_is_in_the_list():
-    assert sorted(e.kind.kind for e in EXAMPLES) == sorted(KINDS), "add the new kind to EXAMPLES"
+    assert sorted(e.kind.kind for e in EXAMPLES) == sorted(load_all("target_kinds")), "add the new kind to EXAMPLES"
 
 
 def test_its_recorded_name_builds_it_again(example):
     kind = example.kind
-    assert KINDS[kind.kind] is type(kind)
+    assert load_all("target_kinds")[kind.kind] is type(kind)
     assert kind_named(kind.kind, list(kind.names)) == kind  # what checkpoints and prepared datasets record
     assert kind.outputs == len(kind.names)  # one network output per name
     assert kind.noun and kind.described

@@ -21,11 +21,10 @@ from lightning.pytorch.callbacks import Callback
 from project.callbacks.prediction_writer import PredictionWriter
 from project.cli import main
 from project.data import ImageDataModule
-from project.data.targets import KINDS
 from project.errors import UserError
 from project.models import MLP
 from project.tasks import ImageClassifier, ImageRegressor, MultiLabelClassifier
-from project.tasks.data_agreement import shipped_tasks
+from project.registry import load_all
 from project.tasks.task import ImageTask, check_task_fits_data, init_arguments
 from tests.conftest import CONFIGS, PACKAGE, ROOT
 from tests.contracts.test_sources import SOURCES, Source
@@ -63,7 +62,7 @@ def case(request) -> Task:
 
 
 def test_every_shipped_task_is_in_the_list():
-    assert {t.task for t in TASKS} >= set(shipped_tasks(ImageTask)), "add the new task to TASKS"
+    assert {t.task for t in TASKS} >= set(load_all("tasks").values()), "add the new task to TASKS"
 
 
 def written(case: Task, root: Path) -> ImageDataModule:
@@ -95,7 +94,7 @@ def test_accepts_the_kinds_it_says_and_refuses_the_others(case, tmp_path):
     # Where the kind's metric picks the best checkpoint, the kind says its direction too.
     if task.monitor == f"val/{data.targets.metric}":
         assert task.monitor_mode == data.targets.mode
-    for kind in KINDS.values():
+    for kind in load_all("target_kinds").values():
         other = SimpleNamespace(targets=kind(("x", "y")))  # a source of that kind
         if issubclass(kind, case.task.accepts):
             check_task_fits_data(task, other)
