@@ -16,7 +16,6 @@ import torch
 
 from project.cli import main, split_args
 from project.data import CIFARDataModule, ImageFolderDataModule
-from project.data import targets as kinds
 from project.data.decoded_cache import channel_mean_std
 from project.data.folds import fold_split, stratified_folds
 from project.errors import UserError
@@ -25,8 +24,7 @@ from project.studies.cv_results import summarize
 from project.studies.runner import SETTINGS_FILE, claim_folder
 from tests.conftest import CONFIGS, run_cli
 from tests.folder_fits import tiny_fit_args, tiny_folder
-from tests.test_csv_data import dataset
-from tests.test_multilabel import PROBS, TAGS, TagData, identity_task
+from tests.csv.test_csv_data import dataset
 from tests.wandb_reader import read_records, read_run
 
 LABELS = [0] * 7 + [1] * 12 + [2] * 5 + [1] * 3  # uneven classes, not sorted
@@ -390,29 +388,6 @@ def test_a_cv_whose_folds_end_by_max_steps_within_an_epoch_completes(tmp_path):
 
 
 # -- cv's evaluation and the W&B dashboard ----------------------------------------------------------------------
-def test_evaluation_uses_the_tasks_probabilities_loss_and_metrics():
-    from project.studies.evaluate import BestModel, evaluate
-
-    class Plain(TagData):
-        def setup(self, stage):
-            pass
-
-        def transform_batch(self, batch, train):
-            return batch
-
-        def load_state_dict(self, state):
-            pass
-
-    best = BestModel(identity_task().eval(), Plain(), Path("m.ckpt"), 0, None, None)
-    result = evaluate(best, "val")
-    assert torch.allclose(result.probs, PROBS, atol=1e-6) and isinstance(result.kind, kinds.Tags)
-    assert result.metrics == {"val/map": pytest.approx(1.0)}
-    assert result.per_class(TAGS) == {"cat": pytest.approx(1.0), "dog": pytest.approx(1.0)}
-    assert result.score_name == "map" and result.score == pytest.approx(1.0)
-    ensemble = type(result)(result.kind, result.probs * torch.tensor([1.0, -1.0]) + 1, result.targets, 0.0)
-    assert ensemble.score == pytest.approx((1.0 + (1 / 3 + 2 / 4) / 2) / 2)  # dog: positives 3rd and 4th
-
-
 @pytest.mark.slow
 def test_cross_validation_over_a_csv(tmp_path):
     csv = dataset(tmp_path, n=18)

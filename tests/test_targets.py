@@ -1,7 +1,5 @@
-"""The kinds of target (project.data.targets): what each encodes, stratifies, mixes, scores and records, and
-that everything which used to test a `multilabel` flag or a tensor's `ndim` asks the kind instead."""
+"""The kinds of target (project.data.targets): what each encodes, stratifies, mixes, scores and records."""
 
-import re
 from collections import Counter
 
 import numpy as np
@@ -10,54 +8,47 @@ import torch
 
 from project.data.augment import mix_batch
 from project.data.folds import check_class_counts, fold_split
-from project.data.targets import Classes, Tags, Values, kind_named
-from project.registry import load_all
+from project.data.targets import Classes, Values, kind_named
 from project.errors import UserError
-from tests.conftest import PACKAGE, ROOT
+from project.registry import load_all
 
 NAMES = ("a", "b", "c")
 
 
 def test_each_kind_encodes_its_labels_as_its_loss_takes_them():
     assert Classes(NAMES).encode([2, 0]).tolist() == [2, 0] and Classes(NAMES).encode([1]).dtype == torch.long
-    tags = Tags(NAMES).encode([(0, 2), ()])
-    assert tags.dtype == torch.float32 and tags.tolist() == [[1, 0, 1], [0, 0, 0]]
     values = Values(("age", "height")).encode([(30.5, 1.8), (4.0, 1.0)])
     assert values.dtype == torch.float32 and values.shape == (2, 2) and values[0, 0] == 30.5
     assert Values(("value",)).encode([(1.5,), (2.0,)]).shape == (2, 1)
     # prepare stores what streaming reads back as the same targets
-    assert Classes(NAMES).stored(2) == 2 and Tags(NAMES).stored((1,)).tolist() == [0, 1, 0]
+    assert Classes(NAMES).stored(2) == 2
     assert Values(("v",)).stored((2.5,)).dtype == np.float32
 
 
 def test_each_kind_says_its_metric_direction_outputs_and_recorded_name():
-    assert [(k.metric, k.mode) for k in (Classes, Tags, Values)] == [
-        ("acc", "max"),
-        ("map", "max"),
-        ("mae", "min"),
-    ]
-    assert {name: kind.kind for name, kind in load_all("target_kinds").items()} == {
-        "classes": "classes",
-        "tags": "tags",
-        "values": "values",
-    }
+    assert [(k.metric, k.mode) for k in (Classes, Values)] == [("acc", "max"), ("mae", "min")]
+    assert all(name == kind.kind for name, kind in load_all("target_kinds").items())  # registered as recorded
+    assert load_all("target_kinds")["classes"] is Classes
     assert Values(("x", "y")).outputs == 2 and Classes(NAMES).outputs == 3
     assert kind_named("values", ["v"]) == Values(("v",))
     # What deployment reads: the decoder of project.export.decoding is chosen by `kind` (absent: one class).
-    assert "kind" not in Classes(NAMES).output_spec() and Tags(NAMES).output_spec()["kind"] == "tags"
+    assert "kind" not in Classes(NAMES).output_spec()
     assert Values(("v",)).output_spec()["kind"] == "values"
 
 
 def test_values_are_read_from_cells_and_text_is_refused():
-    assert Values.read(" -12.5 ") == -12.5 and Values.read("3") == 3.0
+    def read(cell: str) -> float:
+        return Values.read_cells([cell], ["angle"], False, None, str)[0]
+
+    assert read(" -12.5 ") == -12.5 and read("3") == 3.0
     for cell, why in (
         ("cat", "is not a number"),
         ("", "is empty"),
-        ("nan", "not a finite"),
-        ("inf", "not a finite"),
+        ("nan", "is not a finite"),
+        ("inf", "is not a finite"),
     ):
-        with pytest.raises(ValueError, match=why):
-            Values.read(cell)
+        with pytest.raises(ValueError, match=rf"the value .* in column 'angle' {why}"):
+            read(cell)
 
 
 def test_values_are_stratified_by_quantile_bins():
@@ -76,8 +67,6 @@ def test_values_are_stratified_by_quantile_bins():
 def test_fold_checks_count_what_the_kind_counts():
     with pytest.raises(UserError, match="class 'c' has 1 image"):
         check_class_counts([0, 0, 1, 1, 2], 2, Classes(NAMES))
-    with pytest.raises(UserError, match="tag 'b' is on 1 image"):
-        check_class_counts([(0, 1), (0, 2), (2,)], 2, Tags(NAMES))
     check_class_counts([(1.0,), (2.0,)], 2, Values(("v",)))  # values: no name to count
     with pytest.raises(UserError, match="2 image.*fewer than data.num_folds=3"):
         check_class_counts([(1.0,), (2.0,)], 3, Values(("v",)))
@@ -100,41 +89,14 @@ def test_each_kind_scores_a_split():
     predicted, true = torch.tensor([[1.0, 2.0], [3.0, 6.0]]), torch.tensor([[2.0, 2.0], [3.0, 2.0]])
     assert Values(("x", "y")).score(predicted, true) == pytest.approx(1.25)
     assert Values(("x", "y")).per_name(predicted, true) == {"x": 0.5, "y": 2.0}
-    tags = torch.tensor([[1.0, 0, 1], [0, 1, 1]])
-    assert Tags(NAMES).score(tags, tags) == pytest.approx(1.0)
 
 
-def test_the_multilabel_flag_is_left_only_in_the_csv_sources_settings():
-    """The kind replaced the boolean: what still names it is the CSV source's setting (and the metadata of
-    datasets prepared before the kind was recorded, which streaming still reads and checks)."""
-    word = re.compile(r"(?<!\w)multilabel(?!\w)")
-    found = {}
-    for path in (ROOT / PACKAGE).rglob("*.py"):
-        if lines := [line for line in path.read_text().splitlines() if word.search(line)]:
-            found[str(path.relative_to(ROOT / PACKAGE))] = len(lines)
-    legacy = {"streaming/source.py", "streaming/metadata.py"}
-    assert set(found) <= {"data/csv_labels.py", *legacy}, found
-    assert all(found[name] <= 1 for name in legacy & set(found)), found
-
-
-def test_old_checkpoints_and_prepared_datasets_keep_their_kind(monkeypatch):
+def test_a_checkpoint_records_the_kind_and_names_it_was_trained_on():
     from project.run.data_identity import recorded_names
 
-    # A checkpoint written before the kind was recorded by its data: its task's names and kind.
-    assert recorded_names({"task": {"task": "MultiLabelClassifier", "names": ["x", "y"]}}) == (
-        "tags",
+    assert recorded_names({"data_identity": {"kind": "classes", "names": ["x"]}}) == ("classes", ["x"])
+    # Written before the data recorded its kind: the task's own record of its names.
+    assert recorded_names({"task": {"task": "ImageClassifier", "names": ["x", "y"]}}) == (
+        "classes",
         ["x", "y"],
     )
-    assert recorded_names({"data_identity": {"kind": "classes", "names": ["x"]}}) == ("classes", ["x"])
-    # part: streaming
-    # A dataset prepared before the kind was recorded says `multilabel`.
-    from project.streaming.source import StreamingImageDataModule
-
-    meta = {"format": 1, "classes": ["x", "y"], "multilabel": True, "splits": {"train": 1, "val": 1}}
-    meta |= {"mean": [0.5] * 3, "std": [0.2] * 3, "folds": None, "size": None, "source": "x"}
-    data = StreamingImageDataModule.__new__(StreamingImageDataModule)
-    monkeypatch.setattr(StreamingImageDataModule, "meta", property(lambda self: meta), raising=False)
-    assert data.targets == Tags(("x", "y"))
-    meta = {k: v for k, v in meta.items() if k != "multilabel"} | {"targets": "values", "classes": ["v"]}
-    assert data.targets == Values(("v",))
-    # /part: streaming

@@ -14,7 +14,7 @@ from project.data.datamodule import ImageDataModule  # what every command types 
 
 #: What this package adds to the core's seams (project.registry reads it without importing the package).
 REGISTER = {
-    "target_kinds": {"classes": ".targets:Classes", "tags": ".targets:Tags", "values": ".targets:Values"},
+    "target_kinds": {"classes": ".targets:Classes", "values": ".targets:Values"},
     "datamodules": {
         "CIFARDataModule": ".cifar",
         "ImageFilesDataModule": ".labelled_files",
@@ -34,7 +34,7 @@ _MODULES = {
     "ImageFilesDataModule": "labelled_files",
     "ImageFolderDataModule": "class_folders",
 }
-__all__ = sorted([*_MODULES, "ImageDataModule"])
+__all__ = ["ImageDataModule"]  # and, imported on first use, the classes of `_MODULES`
 
 
 def __getattr__(name: str) -> Any:

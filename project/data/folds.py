@@ -50,49 +50,6 @@ def check_class_counts(labels: Sequence[Any], num_folds: int, targets: TargetKin
             )
 
 
-def iterative_stratification(
-    tag_sets: Sequence[Sequence[int]], proportions: Sequence[float], seed: int
-) -> list[list[int]]:
-    """Multi-label images dealt into parts of the given `proportions` (summing to 1) so that every tag's
-    images are shared out in those proportions as nearly as possible (Sechidis, Tsoumakas and Vlahavas,
-    "On the stratification of multi-label data", 2011). Returns each part's indices, sorted.
-
-    The rarest tag first (counting only images not yet placed): each of its images goes to the part that
-    still wants most of that tag, then the one that wants most images; an image placed counts towards all
-    its tags. Rare tags go first because they are the hardest to spread: the common ones are balanced by
-    what is left. Images with no tag fill the parts' remaining sizes. Images are taken in an order shuffled
-    by `seed`; ties go to the lower part.
-    """
-    order = torch.randperm(len(tag_sets), generator=torch.Generator().manual_seed(seed)).tolist()
-    parts: list[list[int]] = [[] for _ in proportions]
-    wanted = [p * len(tag_sets) for p in proportions]  # images each part still wants
-    images_with: dict[int, list[int]] = {}
-    for i in order:
-        for tag in tag_sets[i]:
-            images_with.setdefault(tag, []).append(i)
-    wanted_tag = {tag: [p * len(ix) for p in proportions] for tag, ix in images_with.items()}
-    unplaced = {tag: len(ix) for tag, ix in images_with.items()}
-    placed = [False] * len(tag_sets)
-
-    def place(i: int, part: int) -> None:
-        placed[i] = True
-        parts[part].append(i)
-        wanted[part] -= 1
-        for tag in tag_sets[i]:
-            wanted_tag[tag][part] -= 1
-            unplaced[tag] -= 1
-
-    while unplaced := {tag: n for tag, n in unplaced.items() if n > 0}:
-        rarest = min(unplaced, key=lambda tag: (unplaced[tag], tag))
-        for i in images_with[rarest]:
-            if not placed[i]:
-                place(i, max(range(len(parts)), key=lambda k: (wanted_tag[rarest][k], wanted[k])))
-    for i in order:  # the images with no tag
-        if not placed[i]:
-            place(i, max(range(len(parts)), key=lambda k: wanted[k]))
-    return [sorted(p) for p in parts]
-
-
 def stratified_folds(labels: Sequence[int], num_folds: int, seed: int) -> list[list[int]]:
     """The indices of each of `num_folds` folds, each sorted; together they cover every index exactly once.
 
@@ -120,7 +77,8 @@ def make_folds(
     stratifies them (`TargetKind.strata`; none: tag sets, dealt by iterative stratification)."""
     strata = list(labels) if targets is None else targets.strata(labels)
     if strata is None:
-        return iterative_stratification(labels, [1 / num_folds] * num_folds, seed)
+        assert targets is not None  # (class indices are their own strata)
+        return targets.deal(labels, [1 / num_folds] * num_folds, seed)
     return stratified_folds(strata, num_folds, seed)
 
 

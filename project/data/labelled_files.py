@@ -24,7 +24,7 @@ from project.data.decoded_cache import (
     sampled_mean_std,
 )
 from project.data.file_source import FileSource
-from project.data.folds import Folds, iterative_stratification
+from project.data.folds import Folds
 from project.data.image_reading import (
     MAX_IMAGE_PIXELS,
     ImageFileDataset,
@@ -34,7 +34,7 @@ from project.data.image_reading import (
     list_images,
 )
 from project.data.label_checks import check_class_names
-from project.data.targets import Tags, TargetKind
+from project.data.targets import TargetKind
 from project.data.tensor_dataset import TensorImageDataset
 from project.errors import UserError, warn
 from project.machine import available_cpus
@@ -193,15 +193,6 @@ class ImageFilesDataModule(ImageDataModule):
         rows = range(len(labels)) if self.has_split("val") else self._split()[0]
         return self.targets.encode([labels[i] for i in rows])
 
-    @property
-    def train_tag_counts(self) -> tuple[int, list[int]] | None:
-        """(images, positives per tag) of the part that trains, for a multi-label task's balanced loss weights;
-        None for other targets."""
-        if not isinstance(self.targets, Tags):
-            return None
-        targets = self.train_targets
-        return len(targets), targets.sum(0).long().tolist()
-
     # -- building the splits --------------------------------------------------------------------------------
     def scanned(self, split: str) -> Any:
         """The source's scan of `split`, once per split (typed loosely: `train` is never None). Nothing is read
@@ -297,10 +288,8 @@ class ImageFilesDataModule(ImageDataModule):
         if self.folds is not None:
             return self.folds.split(labels, self.seed, self.targets)
         strata = self.targets.strata(labels)
-        if strata is None:  # tag sets
-            train_idx, val_idx = iterative_stratification(
-                labels, [1 - self.val_fraction, self.val_fraction], self.seed
-            )
+        if strata is None:  # the kind deals its images itself (tag sets: iterative stratification)
+            train_idx, val_idx = self.targets.deal(labels, [1 - self.val_fraction, self.val_fraction], self.seed)
         else:
             train_idx, val_idx = self._class_split(strata)
         if not val_idx:

@@ -24,8 +24,13 @@ from project.data import (
     ImageFilesDataModule,
     ImageFolderDataModule,
 )
-from project.data.targets import Classes, Tags, TargetKind, Values, kind_named
+from project.data.targets import Classes, TargetKind, Values, kind_named
 from project.errors import UserError
+
+# part: tags
+from project.tags.kind import Tags
+
+# /part: tags
 from tests.contracts import tiny_data
 from tests.contracts.stream_source import ShadeStreamDataModule
 
@@ -102,10 +107,12 @@ SOURCES = [
            tiny_data.class_folder),
     Source("csv-classes", Classes, lambda root: ImageCSVDataModule(str(root / "labels.csv"), **files(root)),
            tiny_data.classes_csv),
+    # part: tags
     Source("csv-tags", Tags,
-           lambda root: ImageCSVDataModule(str(root / "tags.csv"), multilabel=True, **files(root, val_fraction=0.25)),
+           lambda root: ImageCSVDataModule(str(root / "tags.csv"), kind="tags", **files(root, val_fraction=0.25)),
            tiny_data.tags_csv),
-    Source("csv-values", Values, lambda root: ImageCSVDataModule(str(root / "values.csv"), values=True, **files(root)),
+    # /part: tags
+    Source("csv-values", Values, lambda root: ImageCSVDataModule(str(root / "values.csv"), kind="values", **files(root)),
            tiny_data.values_csv),
     # part: streaming
     Source("streaming", Classes, streaming, prepared_chunks),

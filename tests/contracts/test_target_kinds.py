@@ -17,8 +17,13 @@ import torch
 
 from project.data.augment import mix_batch
 from project.data.folds import fold_split
-from project.data.targets import Classes, Tags, TargetKind, Values, kind_named
+from project.data.targets import Classes, TargetKind, Values, kind_named
 from project.registry import load_all
+
+# part: tags
+from project.tags.kind import Tags
+
+# /part: tags
 
 N = 20
 
@@ -38,7 +43,9 @@ class Example:
 #: Every kind of target, with example labels. A new kind is a line here.
 EXAMPLES = [
     Example(Classes(("cat", "dog", "fox")), [i % 3 for i in range(N)]),
+    # part: tags
     Example(Tags(("blue", "red", "round")), [tuple(t for t in range(3) if i >> t & 1) for i in range(N)]),
+    # /part: tags
     Example(Values(("angle", "size")), [(float(i * 7 % 11) - 5.0, i / 4) for i in range(N)]),
 ]
 

@@ -23,8 +23,13 @@ from project.cli import main
 from project.data import ImageDataModule
 from project.errors import UserError
 from project.models import MLP
-from project.tasks import ImageClassifier, ImageRegressor, MultiLabelClassifier
 from project.registry import load_all
+
+# part: tags
+from project.tags.task import MultiLabelClassifier
+
+# /part: tags
+from project.tasks import ImageClassifier, ImageRegressor
 from project.tasks.task import ImageTask, check_task_fits_data, init_arguments
 from tests.conftest import CONFIGS, PACKAGE, ROOT
 from tests.contracts.test_sources import SOURCES, Source
@@ -51,7 +56,9 @@ class Task:
 #: Every task the template ships, each with data of a kind it accepts. A new one is a line here.
 TASKS = [
     Task(ImageClassifier, "csv-classes", ("--data.csv", "{root}/labels.csv")),
+    # part: tags
     Task(MultiLabelClassifier, "csv-tags", ("--data.csv", "{root}/tags.csv")),
+    # /part: tags
     Task(ImageRegressor, "csv-values", ("--data.csv", "{root}/values.csv")),
 ]
 

@@ -1,32 +1,9 @@
-"""The W&B charts `WandbDashboard` logs for tags and values, and validation images made viewable again."""
+"""The W&B charts `WandbDashboard` logs for values, and validation images made viewable again."""
 
 from typing import Any
 
 import torch
 from torch import Tensor
-
-
-def tag_charts(tags: dict[str, Any], names: list[str], epoch: int) -> dict[str, Any]:
-    """W&B charts of a multi-label validation: each tag's AP (bars) and precision-recall curve (lines)."""
-    import wandb
-
-    ap = tags["ap"].cpu()
-    precision, recall, _ = (t.cpu() for t in tags["curve"])
-    names = names if len(names) == len(ap) else [str(i) for i in range(len(ap))]
-    bars = wandb.Table(columns=["tag", "AP"], data=[[n, float(v)] for n, v in zip(names, ap, strict=True)])
-    points = [
-        [names[i], float(r), float(p)]
-        for i in range(len(names))
-        for p, r in zip(precision[i], recall[i], strict=True)
-        if not (p.isnan() or r.isnan())  # a tag without positives has no curve
-    ]
-    curves = wandb.Table(columns=["tag", "recall", "precision"], data=points)
-    return {
-        "val/ap_per_tag": wandb.plot.bar(bars, "tag", "AP", title=f"Validation AP per tag, epoch {epoch}"),
-        "val/pr_curve": wandb.plot.line(
-            curves, "recall", "precision", stroke="tag", title=f"Validation precision-recall, epoch {epoch}"
-        ),
-    }
 
 
 def to_uint8(images: Tensor, datamodule: Any) -> Tensor:

@@ -9,14 +9,10 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
-from torchmetrics import MetricCollection
-from torchmetrics.classification import MultilabelAveragePrecision, MultilabelPrecisionRecallCurve
 
-from project.callbacks.diagnostics.wandb_charts import tag_charts, to_uint8, value_charts
-from project.data.targets import Tags, TargetKind, Values
+from project.callbacks.diagnostics.wandb_charts import to_uint8, value_charts
+from project.data.targets import TargetKind, Values
 
-#: Points of each tag's precision-recall curve (thresholds 0, 1/(n-1), ..., 1).
-CURVE_POINTS = 21
 #: Validation images of the first process in a regression's scatter plots, at most.
 SCATTER_POINTS = 2000
 
@@ -67,7 +63,7 @@ class WandbDashboard(Callback):
         self._logger: WandbLogger | None = None
         self._watched: torch.nn.Module | None = None
         self._matrix: Tensor | None = None
-        self._tags: MetricCollection | None = None  # per-tag AP and curves of a multi-label task
+        self._panels: Any = None  # those of the task's kind of target, when it draws its own
         self._values: list[tuple[Tensor, Tensor]] = []  # (predicted, true) of a regression, on the CPU
         self._worst: list[tuple[float, Tensor, Any, Any, float]] = []
         self._warned = False
@@ -106,8 +102,8 @@ class WandbDashboard(Callback):
         self._matrix = None
         self._worst = []
         self._values = []
-        if self._tags is not None:
-            self._tags.reset()
+        if self._panels is not None:
+            self._panels.reset()
 
     @torch.no_grad()
     def on_validation_batch_end(
@@ -132,14 +128,18 @@ class WandbDashboard(Callback):
         logits, targets = outputs["logits"].float(), outputs["targets"]
         num_classes = logits.shape[1]
         kind = getattr(pl_module, "targets", None)
-        if isinstance(kind, Tags):
-            self._update_tags(logits, targets, num_classes)
-            return
         if isinstance(kind, Values):
             self._update_values(pl_module, logits, targets, batch[0], trainer)
             return
-        if isinstance(kind, TargetKind) and kind.kind != "classes":
-            return  # a kind this dashboard has no charts for
+        if self._panels is None and isinstance(kind, TargetKind):
+            self._panels = kind.dashboard_panels(self.worst_k)  # (None: the class panels here)
+        if self._panels is not None:
+            # Trainer.datamodule is set by Lightning's data connector, outside the class: pyright cannot see it.
+            datamodule = trainer.datamodule  # pyright: ignore[reportAttributeAccessIssue]
+            self._panels.update(logits, targets, batch[0], pl_module, lambda x: to_uint8(x, datamodule))
+            return
+        if targets.is_floating_point():
+            return  # not class indices: a kind this dashboard has no charts for
         if self.confusion_matrix:
             if self._matrix is None:
                 self._matrix = torch.zeros(num_classes, num_classes, dtype=torch.long, device=logits.device)
@@ -149,18 +149,6 @@ class WandbDashboard(Callback):
             # Trainer.datamodule is set by Lightning's data connector, outside the class: pyright cannot see it.
             datamodule = trainer.datamodule  # pyright: ignore[reportAttributeAccessIssue]
             self._keep_worst(logits, targets, batch[0], datamodule)
-
-    def _update_tags(self, logits: Tensor, targets: Tensor, num_tags: int) -> None:
-        if self._tags is None:
-            bins = torch.linspace(0, 1, CURVE_POINTS)
-            self._tags = MetricCollection(
-                {
-                    "ap": MultilabelAveragePrecision(num_tags, average=None, thresholds=bins),
-                    "curve": MultilabelPrecisionRecallCurve(num_tags, thresholds=bins),
-                },
-                compute_groups=False,
-            ).to(logits.device)
-        self._tags.update(logits.sigmoid(), targets.long())
 
     def _update_values(
         self, pl_module: Any, outputs: Tensor, targets: Tensor, images: Tensor, trainer: L.Trainer
@@ -206,20 +194,22 @@ class WandbDashboard(Callback):
 
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         logger = self._logger
-        tags = self._tags.compute() if self._tags is not None and self._tags["ap"].update_called else None
         if logger is None or not self._active(trainer):
             return
-        if self._matrix is None and not self._worst and tags is None and not self._values:
+        names = list(getattr(pl_module, "class_names", None) or [])
+        if self._panels is not None:  # the kind's own (computed on every process: they may sum states)
+            charts = self._panels.charts(names, trainer.current_epoch, trainer.is_global_zero)
+            if charts:
+                logger.log_metrics(charts, step=trainer.global_step)
+            return
+        if self._matrix is None and not self._worst and not self._values:
             return
         matrix = trainer.strategy.reduce(self._matrix, reduce_op="sum") if self._matrix is not None else None
         if not trainer.is_global_zero:
             return
         import wandb
 
-        names = list(getattr(pl_module, "class_names", None) or [])
         metrics: dict[str, Any] = {}
-        if tags is not None:
-            metrics |= tag_charts(tags, names, trainer.current_epoch)
         if self._values:
             predicted, true = (torch.cat(column) for column in zip(*self._values, strict=True))
             names = names if len(names) == predicted.shape[1] else [str(i) for i in range(predicted.shape[1])]

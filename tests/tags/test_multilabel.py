@@ -15,12 +15,13 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from project.callbacks import PredictionWriter
-from project.data import targets as kinds
+from project.data.targets import Classes
 from project.errors import UserError
 from project.models import MLP
-from project.tasks import ImageClassifier, MultiLabelClassifier
+from project.tags.kind import Tags
+from project.tags.task import MultiLabelClassifier
+from project.tasks import ImageClassifier
 from project.tasks.task import check_task_fits_data
-from tests.conftest import PACKAGE
 
 TAGS = ["cat", "dog"]
 
@@ -39,10 +40,10 @@ LOGITS = PROBS.log() - (1 - PROBS).log()
 class TagData(L.LightningDataModule):
     """Outputs-as-inputs: the identity network's 'logits' are the inputs, with multi-hot targets."""
 
-    targets = kinds.Tags(tuple(TAGS))
+    targets = Tags(tuple(TAGS))
     class_names = TAGS
     predict_names = ["a.jpg", "b.jpg", "c.jpg", "d.jpg"]
-    train_tag_counts = (4, [2, 2])
+    train_targets = TARGETS
 
     def train_dataloader(self):
         return DataLoader(TensorDataset(LOGITS, TARGETS), batch_size=2)
@@ -105,7 +106,8 @@ def test_thresholds_and_task_record_survive_the_checkpoint(tmp_path):
 
 def test_balanced_pos_weight_comes_from_the_training_tags(tmp_path):
     class Skewed(TagData):
-        train_tag_counts = (10, [2, 5])
+        # 10 images that train: 2 with the first tag, 5 with the second
+        train_targets = torch.tensor([[1.0, 1.0]] * 2 + [[0.0, 1.0]] * 3 + [[0.0, 0.0]] * 5)
 
     model = identity_task(pos_weight="balanced", optimizer=lambda p: torch.optim.SGD(p, lr=0.0))
     model.net = nn.Linear(2, 2)  # something to optimise
@@ -140,7 +142,7 @@ def test_task_and_data_must_agree_on_what_a_target_is(tmp_path):
         r"image: train it with --model MultiLabelClassifier \(as configs/csv_multilabel\.yaml",
     ):
         trainer(tmp_path).validate(single, datamodule=TagData(), verbose=False)
-    classes = SimpleNamespace(targets=kinds.Classes(tuple(TAGS)))
+    classes = SimpleNamespace(targets=Classes(tuple(TAGS)))
     with pytest.raises(
         UserError,
         match=r"gives one class per image but .*: train it with --model ImageClassifier ",
