@@ -300,7 +300,6 @@ FIT_CORE = set(
         "tasks.data_agreement",
         "tasks.factories",
         "tasks.image_classifier",
-        "tasks.image_regressor",
         "tasks.task",
         "tasks.tta",
         "models",

@@ -23,8 +23,8 @@ from project.studies.cv import continues_alike, fold_numbers, parse_args
 from project.studies.cv_results import summarize
 from project.studies.runner import SETTINGS_FILE, claim_folder
 from tests.conftest import CONFIGS, run_cli
-from tests.folder_fits import tiny_fit_args, tiny_folder
 from tests.csv.test_csv_data import dataset
+from tests.folder_fits import tiny_fit_args, tiny_folder
 from tests.wandb_reader import read_records, read_run
 
 LABELS = [0] * 7 + [1] * 12 + [2] * 5 + [1] * 3  # uneven classes, not sorted

@@ -14,7 +14,7 @@ from project.data.datamodule import ImageDataModule  # what every command types 
 
 #: What this package adds to the core's seams (project.registry reads it without importing the package).
 REGISTER = {
-    "target_kinds": {"classes": ".targets:Classes", "values": ".targets:Values"},
+    "target_kinds": {"classes": ".targets:Classes"},
     "datamodules": {
         "CIFARDataModule": ".cifar",
         "ImageFilesDataModule": ".labelled_files",

@@ -27,7 +27,12 @@ class CellReading(Protocol):
 
     @classmethod
     def read_cells(
-        cls, cells: list[str], columns: list[str], per_name: bool, separator: str | None, named: Callable[[str], str]
+        cls,
+        cells: list[str],
+        columns: list[str],
+        per_name: bool,
+        separator: str | None,
+        named: Callable[[str], str],
     ) -> Any:
         """An image's label as written, from the cells of the label `columns` (`per_name`: data.label_columns,
         one column per name); a ValueError saying what is wrong with them."""
@@ -53,7 +58,12 @@ class OneName:
 
     @classmethod
     def read_cells(
-        cls, cells: list[str], columns: list[str], per_name: bool, separator: str | None, named: Callable[[str], str]
+        cls,
+        cells: list[str],
+        columns: list[str],
+        per_name: bool,
+        separator: str | None,
+        named: Callable[[str], str],
     ) -> str:
         return named(cells[0])  # empty: told after the whole CSV is read
 
@@ -68,7 +78,9 @@ class OneName:
                 f"{where} has {len(names)} distinct label(s) ({', '.join(map(shown, names))}): a classifier needs "
                 "at least two"
             )
-        warn_if_values(sorted(names), where, other_kind("values", "if they are measurements, read them as values"))
+        warn_if_values(
+            sorted(names), where, other_kind("values", "if they are measurements, read them as values")
+        )
         numeric = all(re.fullmatch(r"-?[0-9]+", n) for n in names)  # ASCII digits only: int() reads "²" too
         return sorted(names, key=lambda n: (int(n), n) if numeric else (0, n))
 

@@ -289,7 +289,9 @@ class ImageFilesDataModule(ImageDataModule):
             return self.folds.split(labels, self.seed, self.targets)
         strata = self.targets.strata(labels)
         if strata is None:  # the kind deals its images itself (tag sets: iterative stratification)
-            train_idx, val_idx = self.targets.deal(labels, [1 - self.val_fraction, self.val_fraction], self.seed)
+            train_idx, val_idx = self.targets.deal(
+                labels, [1 - self.val_fraction, self.val_fraction], self.seed
+            )
         else:
             train_idx, val_idx = self._class_split(strata)
         if not val_idx:

@@ -179,7 +179,11 @@ class OneClass:
 
     def answer(self, probs: np.ndarray, top_k: int = 1) -> dict[str, Any]:
         index = int(probs.argmax())
-        answer: dict[str, Any] = {"class_name": self.names[index], "class_index": index, "probability": float(probs[index])}
+        answer: dict[str, Any] = {
+            "class_name": self.names[index],
+            "class_index": index,
+            "probability": float(probs[index]),
+        }
         if top_k > 1:
             top = np.argsort(-probs)[:top_k]
             answer["top_k"] = [{"class_name": self.names[i], "probability": float(probs[i])} for i in top]
@@ -196,86 +200,6 @@ class OneClass:
 
     def agreement(self, reduced: np.ndarray, reference: np.ndarray) -> float:
         return float((reduced == reference).mean())
-
-
-#: At most this many quantile bins stratify a split of real values, and at least this many images fill one.
-VALUE_BINS, IMAGES_PER_BIN = 10, 5
-
-
-@dataclass(frozen=True)
-class Values(TargetKind):
-    """Real values per image (regression): float32 rows (N, values); MixUp mixes the values themselves."""
-
-    kind: ClassVar[str] = "values"
-    noun: ClassVar[str] = "value"
-    described: ClassVar[str] = "real values per image"
-    metric: ClassVar[str] = "mae"
-    mode: ClassVar[Literal["min", "max"]] = "min"
-    per_name_metric: ClassVar[str] = "mae"
-    per_name_words: ClassVar[str] = "mean absolute error"
-
-    @classmethod
-    def read_cells(
-        cls, cells: list[str], columns: list[str], per_name: bool, separator: str | None, named: Any
-    ) -> tuple[float, ...]:
-        """An image's values, one per cell; a ValueError saying why for text that is not a finite number."""
-        values = []
-        for name, cell in zip(columns, cells, strict=True):
-            why = "is empty" if not cell.strip() else None
-            try:
-                value = float(cell) if why is None else 0.0
-            except ValueError:
-                why = "is not a number"
-            else:
-                why = why or (None if np.isfinite(value) else "is not a finite number")
-            if why:
-                raise ValueError(
-                    f"the value {cell!r} in column {name!r} {why}: data.kind values reads a real number per image"
-                )
-            values.append(value)
-        return tuple(values)
-
-    @classmethod
-    def names_read(
-        cls, labels: list[Any], rows: list[int], columns: list[str], per_name: bool, separator: str | None,
-        where: str,
-    ) -> list[str]:  # fmt: skip
-        """The names of the values: the CSV's `columns` (per_name), or `value` for one."""
-        return list(columns) if per_name else ["value"]
-
-    @staticmethod
-    def indexed(label: tuple[float, ...], index: dict[str, int]) -> tuple[float, ...]:
-        return label
-
-    def encode(self, labels: Sequence[Any]) -> Tensor:
-        return torch.tensor(labels, dtype=torch.float32).reshape(len(labels), len(self.names))
-
-    def stored(self, label: Any) -> Any:
-        return np.asarray(label, dtype=np.float32).reshape(len(self.names))
-
-    def strata(self, labels: Sequence[Any]) -> list[int] | None:
-        """The quantile bin of each image's first value (ties broken by position): a split keeps the spread of
-        values, as a class split keeps each class's share."""
-        if not len(labels):
-            return []
-        first = np.asarray([label[0] for label in labels], dtype=np.float64)
-        bins = max(1, min(VALUE_BINS, len(first) // IMAGES_PER_BIN))
-        ranks = np.empty(len(first), dtype=np.int64)
-        ranks[np.argsort(first, kind="stable")] = np.arange(len(first))
-        return (ranks * bins // len(first)).tolist()
-
-    def score(self, outputs: Tensor, targets: Tensor) -> float:
-        """Mean absolute error over every value."""
-        return float((outputs.double() - targets.double()).abs().mean())
-
-    def per_name(self, outputs: Tensor, targets: Tensor) -> dict[str, float | None]:
-        errors = (outputs.double() - targets.double()).abs().reshape(len(targets), -1)
-        if not len(errors):
-            return dict.fromkeys(self.names)
-        return {name: float(errors[:, i].mean()) for i, name in enumerate(self.names)}
-
-    def output_spec(self) -> dict[str, Any]:
-        return {"kind": "values", "outputs": "values", "decode": "the outputs are the values"}
 
 
 def kind_named(name: str, names: Sequence[str]) -> TargetKind:

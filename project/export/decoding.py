@@ -16,7 +16,6 @@ from torch import Tensor, nn
 
 from project.data.targets import kind_named
 from project.errors import UserError
-from project.export.values import Values
 
 Array = TypeVar("Array", np.ndarray, Tensor)
 
@@ -77,12 +76,12 @@ def decoder_for(spec: Mapping[str, Any] | None, names: Sequence[str]) -> Decoder
     """The decoder of a checkpoint's or export's task record; `names` when the record lists none."""
     spec = spec or {}
     kind, names = spec.get("kind", "classes"), list(spec.get("names") or names)
-    if kind == "values":
-        return Values.from_spec(spec, names)
     try:
         target_kind = kind_named(kind, names)
     except ValueError:
-        raise UserError(f"the model's outputs are of kind {kind!r}, which this version cannot decode") from None
+        raise UserError(
+            f"the model's outputs are of kind {kind!r}, which this version cannot decode"
+        ) from None
     return target_kind.decoder(spec)
 
 

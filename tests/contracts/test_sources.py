@@ -24,9 +24,13 @@ from project.data import (
     ImageFilesDataModule,
     ImageFolderDataModule,
 )
-from project.data.targets import Classes, TargetKind, Values, kind_named
+from project.data.targets import Classes, TargetKind, kind_named
 from project.errors import UserError
 
+# part: regression
+from project.regression.kind import Values
+
+# /part: regression
 # part: tags
 from project.tags.kind import Tags
 
@@ -112,8 +116,10 @@ SOURCES = [
            lambda root: ImageCSVDataModule(str(root / "tags.csv"), kind="tags", **files(root, val_fraction=0.25)),
            tiny_data.tags_csv),
     # /part: tags
+    # part: regression
     Source("csv-values", Values, lambda root: ImageCSVDataModule(str(root / "values.csv"), kind="values", **files(root)),
            tiny_data.values_csv),
+    # /part: regression
     # part: streaming
     Source("streaming", Classes, streaming, prepared_chunks),
     # /part: streaming

@@ -17,9 +17,13 @@ import torch
 
 from project.data.augment import mix_batch
 from project.data.folds import fold_split
-from project.data.targets import Classes, TargetKind, Values, kind_named
+from project.data.targets import Classes, TargetKind, kind_named
 from project.registry import load_all
 
+# part: regression
+from project.regression.kind import Values
+
+# /part: regression
 # part: tags
 from project.tags.kind import Tags
 
@@ -46,7 +50,9 @@ EXAMPLES = [
     # part: tags
     Example(Tags(("blue", "red", "round")), [tuple(t for t in range(3) if i >> t & 1) for i in range(N)]),
     # /part: tags
+    # part: regression
     Example(Values(("angle", "size")), [(float(i * 7 % 11) - 5.0, i / 4) for i in range(N)]),
+    # /part: regression
 ]
 
 
@@ -56,7 +62,9 @@ def example(request) -> Example:
 
 
 def test_every_kind_is_in_the_list():
-    assert sorted(e.kind.kind for e in EXAMPLES) == sorted(load_all("target_kinds")), "add the new kind to EXAMPLES"
+    assert sorted(e.kind.kind for e in EXAMPLES) == sorted(load_all("target_kinds")), (
+        "add the new kind to EXAMPLES"
+    )
 
 
 def test_its_recorded_name_builds_it_again(example):

@@ -25,11 +25,15 @@ from project.errors import UserError
 from project.models import MLP
 from project.registry import load_all
 
+# part: regression
+from project.regression.task import ImageRegressor
+
+# /part: regression
 # part: tags
 from project.tags.task import MultiLabelClassifier
 
 # /part: tags
-from project.tasks import ImageClassifier, ImageRegressor
+from project.tasks import ImageClassifier
 from project.tasks.task import ImageTask, check_task_fits_data, init_arguments
 from tests.conftest import CONFIGS, PACKAGE, ROOT
 from tests.contracts.test_sources import SOURCES, Source
@@ -59,7 +63,9 @@ TASKS = [
     # part: tags
     Task(MultiLabelClassifier, "csv-tags", ("--data.csv", "{root}/tags.csv")),
     # /part: tags
+    # part: regression
     Task(ImageRegressor, "csv-values", ("--data.csv", "{root}/values.csv")),
+    # /part: regression
 ]
 
 

@@ -1,4 +1,4 @@
-"""The W&B charts `WandbDashboard` logs for values, and validation images made viewable again."""
+"""Validation images made viewable again, for the W&B dashboard's tables."""
 
 from typing import Any
 
@@ -19,18 +19,3 @@ def to_uint8(images: Tensor, datamodule: Any) -> Tensor:
         images = (images - low) / (high - low).clamp_min(1e-8)
     images = (images.clamp(0, 1) * 255).round().to(torch.uint8)
     return images if images.shape[1] != 1 else images.expand(-1, 3, -1, -1)
-
-
-def value_charts(predicted: Tensor, true: Tensor, names: list[str], epoch: int) -> dict[str, Any]:
-    """W&B scatter plots of a regression's validation: predicted against true values, one chart per value (for
-    one value `val/predicted_vs_true`, else `val/predicted_vs_true/<name>`)."""
-    import wandb
-
-    charts: dict[str, Any] = {}
-    for i, name in enumerate(names):
-        points = [[float(t), float(p)] for t, p in zip(true[:, i], predicted[:, i], strict=True)]
-        table = wandb.Table(columns=["true", "predicted"], data=points)
-        key = "val/predicted_vs_true" if len(names) == 1 else f"val/predicted_vs_true/{name}"
-        title = f"Validation {name}: predicted vs true, epoch {epoch}"
-        charts[key] = wandb.plot.scatter(table, "true", "predicted", title=title)
-    return charts

@@ -16,8 +16,8 @@ from PIL import Image
 
 from project.cli import main
 from project.data import ImageCSVDataModule
-from project.data.targets import Values
 from project.errors import UserError
+from project.regression.kind import Values
 from tests.conftest import CONFIGS, run_cli
 from tests.fakes import make_image_folder
 from tests.wandb_reader import read_records, read_run
@@ -160,7 +160,9 @@ def test_the_default_wandb_dashboard_of_a_one_output_head_plots_predicted_agains
     keys = {key for row in run["history"] for key in row}
     assert "val/predicted_vs_true_table/path" in keys and not any("confusion" in k for k in keys)
     table = json.loads((run_dir / "files" / run["summary"]["val/predicted_vs_true_table/path"]).read_text())
-    split = ImageCSVDataModule(str(trained / "data" / "values.csv"), kind="values", val_fraction=0.25)._split()
+    split = ImageCSVDataModule(
+        str(trained / "data" / "values.csv"), kind="values", val_fraction=0.25
+    )._split()
     assert table["columns"] == ["true", "predicted"] and len(table["data"]) == len(split[1])  # every image
     true = sorted(row[0] for row in table["data"])
     validation = sorted(truth(trained / "data" / "values.csv").values())
@@ -276,7 +278,7 @@ def test_a_network_of_another_width_than_the_task_needs_is_one_line(tmp_path):
     import lightning as L
 
     from project.models import MLP
-    from project.tasks import ImageRegressor
+    from project.regression.task import ImageRegressor
 
     csv_file = values_csv(tmp_path / "data", n=16)
     data = ImageCSVDataModule(
@@ -324,7 +326,9 @@ def test_class_labels_that_look_like_measurements_are_told(tmp_path, capsys):
     )
     err = capsys.readouterr().err
     (said,) = [line for line in err.splitlines() if "are all numbers" in line]
-    assert "labels of" in said and said.endswith("if they are measurements, read them as values: data.kind values")
+    assert "labels of" in said and said.endswith(
+        "if they are measurements, read them as values: data.kind values"
+    )
 
 
 # part: benchmarks

@@ -8,7 +8,8 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor, nn
 from torchmetrics import MeanAbsoluteError, MeanSquaredError, MetricCollection
 
-from project.data.targets import TargetKind, Values
+from project.data.targets import TargetKind
+from project.regression.kind import Values
 from project.tasks.task import ImageTask
 
 
