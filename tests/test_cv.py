@@ -22,8 +22,7 @@ from project.errors import UserError
 from project.studies.cv import continues_alike, fold_numbers, parse_args
 from project.studies.cv_results import summarize
 from project.studies.runner import SETTINGS_FILE, claim_folder
-from tests.conftest import CONFIGS, run_cli
-from tests.csv.test_csv_data import dataset
+from tests.conftest import run_cli
 from tests.folder_fits import tiny_fit_args, tiny_folder
 from tests.wandb_reader import read_records, read_run
 
@@ -388,22 +387,6 @@ def test_a_cv_whose_folds_end_by_max_steps_within_an_epoch_completes(tmp_path):
 
 
 # -- cv's evaluation and the W&B dashboard ----------------------------------------------------------------------
-@pytest.mark.slow
-def test_cross_validation_over_a_csv(tmp_path):
-    csv = dataset(tmp_path, n=18)
-    args = [
-        "cv", "--config", CONFIGS / "csv.yaml", "--data.csv", csv, "--data.cache_dir", tmp_path / "cache",
-        "--model.net", "SimpleCNN", "--model.net.init_args.width", "4", "--model.net.init_args.hidden", "8",
-        "--data.image_size", "8", "--data.batch_size", "4", "--data.num_workers", "0",
-        "--trainer.accelerator", "cpu", "--trainer.precision", "32-true", "--trainer.max_epochs", "1",
-        "--trainer.enable_progress_bar", "false", "--trainer.default_root_dir", tmp_path / "logs",
-        "--folds", "2", "--wandb", "false",
-    ]  # fmt: skip
-    run_cli(*map(str, args), cwd=tmp_path)
-    results = (tmp_path / "logs" / "cv" / "csv" / "cv_results.md").read_text()
-    assert "| 0 |" in results and "| 1 |" in results and "| a |" in results
-
-
 def test_a_studys_fits_test_nothing_and_the_setting_is_the_studys(tmp_path):
     """A fold's or trial's fit reads its best checkpoint back for the study: it runs no test of its own (each would
     cost a pass over the test split the study does not read), and the setting is the study's to give."""

@@ -19,18 +19,15 @@ REGISTER = {
         "CIFARDataModule": ".cifar",
         "ImageFilesDataModule": ".labelled_files",
         "ImageFolderDataModule": ".class_folders",
-        "ImageCSVDataModule": ".csv_labels",
     },
-    "sources": {"ClassFolders": ".class_folders", "CSVLabels": ".csv_labels"},
+    "sources": {"ClassFolders": ".class_folders"},
 }
 
 #: Where each class of `__all__` lives, imported on first use (`from project.data import X`).
 _MODULES = {
     "CIFARDataModule": "cifar",
-    "CSVLabels": "csv_labels",
     "ClassFolders": "class_folders",
     "FileSource": "file_source",
-    "ImageCSVDataModule": "csv_labels",
     "ImageFilesDataModule": "labelled_files",
     "ImageFolderDataModule": "class_folders",
 }

@@ -4,7 +4,7 @@ An `ImageFilesDataModule` holds a source and asks it, split by split, for the fi
 decoding, the cache, the validation split, the folds, the statistics and the bad-input guards are the
 DataModule's, the same for every source. Building a source reads nothing: `scan` reads, when the DataModule
 first needs the data (the data -> model links ask for the class names before anything trains).
-`ClassFolders` (project.data.class_folders) and `CSVLabels` (project.data.csv_labels) are the shipped ones.
+`ClassFolders` (project.data.class_folders) is the core's; a part may register more (`sources`).
 """
 
 from abc import ABC, abstractmethod

@@ -91,29 +91,6 @@ def check_class_names(
         )
 
 
-#: More distinct labels than this, all numbers and some not whole, read as real values rather than classes.
-VALUE_LIKE_CLASSES = 20
-
-
-def warn_if_values(names: Sequence[str], source: str, hint: str = "") -> None:
-    """One warning line when class labels look like real values (many distinct numbers, some with a fraction):
-    trained as classes, each value would be a class of its own and nothing would relate 2.5 to 2.6. `hint`
-    ends it (the setting that reads them as values, where there is one)."""
-    if len(names) <= VALUE_LIKE_CLASSES:
-        return
-    try:
-        numbers = [float(name) for name in names]
-    except ValueError:
-        return
-    if all(n.is_integer() for n in numbers):
-        return
-    example = next(name for name, n in zip(names, numbers, strict=True) if not n.is_integer())
-    data_warning(
-        f"the {len(names)} labels of {source} are all numbers (such as {shown(example)}): they are trained as "
-        f"{len(names)} classes{hint}"
-    )
-
-
 def _typos(classes: Sequence[str], count: dict[str, int]) -> list[tuple[str, str]]:
     """(small, big) pairs of names one edit apart (a letter changed, added, dropped or two swapped) where `small`
     has at most a fifth of `big`'s images (one image at least): a typo of the big class's name, likely. Names

@@ -4,8 +4,7 @@ What a source of labelled images needs beyond its list of files is the same for 
 size and mode, the decoded-image cache, a stratified validation split when the source has none, k-fold
 splits, statistics from the training part only, the unreadable-file and decompression-bomb guards, and a
 prediction folder. All of that lives here. The DataModule holds a source (`project.data.file_source`), which
-says only where the files and labels are: `ClassFolders` (class folders) is one, `CSVLabels` (a CSV of paths
-and labels) another.
+says only where the files and labels are: `ClassFolders` (class folders) is one.
 """
 
 from pathlib import Path
@@ -61,7 +60,7 @@ class ImageFilesDataModule(ImageDataModule):
     the loader workers each epoch (for datasets too large for the disk cache).
 
     Args:
-        source: Where the files and their labels are (`ClassFolders`, `CSVLabels`, or one of your own).
+        source: Where the files and their labels are (`ClassFolders`, a registered source, or one of your own).
         image_size: Side of the square images the network sees (at most 8192).
         val_fraction: Fraction of each class held out for validation when the source has no validation split.
         cache: Decode once into the memory-mapped cache (fast) instead of every epoch.
@@ -307,7 +306,7 @@ class ImageFilesDataModule(ImageDataModule):
             raise UserError(
                 f"data.val_fraction={self.val_fraction} leaves no image to validate on: the training split has "
                 f"{len(labels)} image(s){why}. Add images ({change}), or give the data a validation split of its "
-                "own (a val folder, or data.val_csv)"
+                "own"
             )
         return train_idx, val_idx
 
@@ -340,7 +339,7 @@ class ImageFilesDataModule(ImageDataModule):
                 warn(
                     "the data has no test split: testing on the validation split, which chose the best "
                     "checkpoint; for a held-out score give it a test split (root/test/<class>/ beside "
-                    "root/train/, or data.test_csv)"
+                    "root/train/)"
                 )
                 self.test_set, self.tested_split = self.val_set, "validation"
         if stage == "predict" and self.predict_set is None:

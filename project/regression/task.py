@@ -33,7 +33,9 @@ class ImageRegressor(ImageTask):
     """
 
     accepts: ClassVar[tuple[type[TargetKind], ...]] = (Values,)
-    example_config: ClassVar[str] = "configs/csv_regression.yaml"
+    # part: csv
+    example_config: ClassVar[str | None] = "configs/csv_regression.yaml"
+    # /part: csv
     monitor: ClassVar[str] = f"val/{Values.metric}"
     monitor_mode: ClassVar[Literal["min", "max"]] = Values.mode
 

@@ -51,7 +51,9 @@ class MultiLabelClassifier(ImageTask):
     """
 
     accepts: ClassVar[tuple[type[TargetKind], ...]] = (Tags,)
-    example_config: ClassVar[str] = "configs/csv_multilabel.yaml"
+    # part: csv
+    example_config: ClassVar[str | None] = "configs/csv_multilabel.yaml"
+    # /part: csv
     monitor: ClassVar[str] = f"val/{Tags.metric}"
     monitor_mode: ClassVar[Literal["min", "max"]] = Tags.mode
     prediction_header: ClassVar[tuple[str, ...]] = ("labels",)

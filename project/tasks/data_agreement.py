@@ -14,7 +14,7 @@ class Task(Protocol):
     """What the checks read of a task (an `ImageTask`)."""
 
     accepts: ClassVar[tuple[type[TargetKind], ...]]
-    example_config: ClassVar[str]
+    example_config: ClassVar[str | None]
     net: nn.Module
 
     @property
@@ -34,8 +34,9 @@ def check_task_fits_data(task: Task, datamodule: Any) -> None:
     takes = " or ".join(accepted.described for accepted in task.accepts)
     # The tasks the packages present register (project.registry), a config names them by their class name.
     shipped = [t for t in load_all("tasks").values() if isinstance(kind, t.accepts)]
+    example = f" (as {shipped[0].example_config} does)" if shipped and shipped[0].example_config else ""
     todo = (
-        f"train it with --model {shipped[0].__name__} (as {shipped[0].example_config} does)"
+        f"train it with --model {shipped[0].__name__}{example}"
         if shipped
         else "no task here takes them: write one (README, Add a task)"
     )

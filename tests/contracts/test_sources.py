@@ -15,11 +15,12 @@ from pathlib import Path
 import pytest
 import torch
 
+# part: csv
+from project.csv.labels import ImageCSVDataModule
 from project.data import (
     CIFARDataModule,
     ClassFolders,
     FileSource,
-    ImageCSVDataModule,
     ImageDataModule,
     ImageFilesDataModule,
     ImageFolderDataModule,
@@ -27,6 +28,7 @@ from project.data import (
 from project.data.targets import Classes, TargetKind, kind_named
 from project.errors import UserError
 
+# /part: csv
 # part: regression
 from project.regression.kind import Values
 
@@ -109,6 +111,7 @@ SOURCES = [
     # The same source held by the DataModule of image files itself, as a config of a source of one's own reads
     Source("class-folder-held", Classes, lambda root: ImageFilesDataModule(ClassFolders(str(root)), **files(root)),
            tiny_data.class_folder),
+    # part: csv
     Source("csv-classes", Classes, lambda root: ImageCSVDataModule(str(root / "labels.csv"), **files(root)),
            tiny_data.classes_csv),
     # part: tags
@@ -120,6 +123,7 @@ SOURCES = [
     Source("csv-values", Values, lambda root: ImageCSVDataModule(str(root / "values.csv"), kind="values", **files(root)),
            tiny_data.values_csv),
     # /part: regression
+    # /part: csv
     # part: streaming
     Source("streaming", Classes, streaming, prepared_chunks),
     # /part: streaming

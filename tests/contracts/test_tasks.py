@@ -59,13 +59,15 @@ class Task:
 
 #: Every task the template ships, each with data of a kind it accepts. A new one is a line here.
 TASKS = [
-    Task(ImageClassifier, "csv-classes", ("--data.csv", "{root}/labels.csv")),
+    Task(ImageClassifier, "class-folder", ("--data.root", "{root}")),
+    # part: csv
     # part: tags
     Task(MultiLabelClassifier, "csv-tags", ("--data.csv", "{root}/tags.csv")),
     # /part: tags
     # part: regression
     Task(ImageRegressor, "csv-values", ("--data.csv", "{root}/values.csv")),
     # /part: regression
+    # /part: csv
 ]
 
 

@@ -1,4 +1,4 @@
-"""Images with their labels in a CSV (project/data/csv_labels.py): single- and multi-label, every bad CSV named
+"""Images with their labels in a CSV (project/csv): single- and multi-label, every bad CSV named
 by file, row and value, the cache keyed by the CSV, validation splits and folds (iterative stratification for
 multi-label data), and a fit through the CLI."""
 
@@ -12,7 +12,7 @@ import torch
 from PIL import Image
 
 from project.cli import main
-from project.data import ImageCSVDataModule
+from project.csv.labels import ImageCSVDataModule
 from project.data.targets import Classes
 from project.errors import UserError
 from tests.conftest import CONFIGS

@@ -15,7 +15,7 @@ import yaml
 from PIL import Image
 
 from project.cli import main
-from project.data import ImageCSVDataModule
+from project.csv.labels import ImageCSVDataModule
 from project.errors import UserError
 from project.regression.kind import Values
 from tests.conftest import CONFIGS, run_cli
