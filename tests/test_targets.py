@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from project.data.augment import mix_batch
-from project.data.folds import check_class_counts
+from project.data.splits import check_parts
 from project.data.targets import Classes, kind_named
 from project.errors import UserError
 from project.registry import load_all
@@ -32,7 +32,7 @@ def test_a_kind_says_its_metric_direction_outputs_and_recorded_name():
 
 def test_fold_checks_count_each_classs_images():
     with pytest.raises(UserError, match="class 'c' has 1 image"):
-        check_class_counts([0, 0, 1, 1, 2], 2, Classes(NAMES))
+        check_parts([0, 0, 1, 1, 2], 2, Classes(NAMES), "data.split.num_folds")
 
 
 def test_mixup_mixes_one_hot_rows_of_classes():

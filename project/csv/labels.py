@@ -233,11 +233,11 @@ class CSVLabels(FileSource):
         return str(self.csvs["train"])
 
     # -- splits and prediction ----------------------------------------------------------------------------------
-    def folds_with_val_split(self, num_folds: int) -> str:
+    def split_with_val_split(self, split: object) -> str:
         return (
-            f"data.num_folds={num_folds} with data.val_csv {self.csvs['val']}: the folds are drawn from the "
-            "training CSV, so the validation CSV would be ignored. Append its rows to the training CSV to "
-            "cross-validate over all of them, or drop data.num_folds to validate on it"
+            f"data.split {split} with data.val_csv {self.csvs['val']}: it divides the training CSV, so the "
+            "validation CSV would be ignored. Append its rows to the training CSV to divide all of them, or drop "
+            "data.split to validate on it"
         )
 
     def predict_files(self) -> list[Path] | None:
@@ -262,7 +262,7 @@ class ImageCSVDataModule(ImageFilesDataModule):
         label_separator: What separates the names in one label cell (tags). Default: any whitespace.
         label_columns: Columns of one name each (a 0/1 column per tag, a column per value), instead of one.
         **kwargs: The image, cache, split and loader settings of `ImageFilesDataModule` (image_size, cache,
-            val_fraction, num_folds, batch_size, ...).
+            val_fraction, split, batch_size, ...).
     """
 
     def __init__(

@@ -1,8 +1,8 @@
 """`ImageFilesDataModule`: labelled image files, wherever their labels come from, decoded once and cached.
 
 What a source of labelled images needs beyond its list of files is the same for every source: decoding any
-size and mode, the decoded-image cache, a stratified validation split when the source has none, k-fold
-splits, statistics from the training part only, the unreadable-file and decompression-bomb guards, and a
+size and mode, the decoded-image cache, a stratified validation split when the source has none (or the split
+`data.split` gives), statistics from the training part only, the unreadable-file and decompression-bomb guards, and a
 prediction folder. All of that lives here. The DataModule holds a source (`project.data.file_source`), which
 says only where the files and labels are: `ClassFolders` (class folders) is one.
 """
@@ -10,7 +10,6 @@ says only where the files and labels are: `ClassFolders` (class folders) is one.
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from torch.utils.data import Dataset
 
@@ -23,7 +22,6 @@ from project.data.decoded_cache import (
     sampled_mean_std,
 )
 from project.data.file_source import FileSource
-from project.data.folds import Folds
 from project.data.image_reading import (
     MAX_IMAGE_PIXELS,
     ImageFileDataset,
@@ -33,6 +31,7 @@ from project.data.image_reading import (
     list_images,
 )
 from project.data.label_checks import check_class_names
+from project.data.splits import HoldOut, ValidationSplit
 from project.data.targets import TargetKind
 from project.data.tensor_dataset import TensorImageDataset
 from project.errors import UserError, warn
@@ -77,10 +76,8 @@ class ImageFilesDataModule(ImageDataModule):
             cache takes N x 3 x cache_size^2 bytes. Default: `image_size`.
         source_scale: The side of those squares as a multiple of `image_size` instead (1.5: 96 px at 64, 144 at
             96), so that a recipe's source grows with its input; give it or `cache_size`, not both.
-        num_folds: Split the training images into this many stratified folds (seeded by `seed`: by class, by
-            quantile bins of values, keeping every tag's share) instead of a validation split, for `python -m
-            project cv`. Default: no folds.
-        fold: The fold that validates (0 to num_folds - 1); the other folds train.
+        split: Which training images validate when the source has no validation split (a `ValidationSplit`,
+            seeded by `seed`). Default: a stratified hold-out of `val_fraction`.
         **kwargs: The loader and augmentation settings of `ImageDataModule` (batch_size, num_workers, ...).
     """
 
@@ -98,8 +95,7 @@ class ImageFilesDataModule(ImageDataModule):
         predict_root: str | None = None,
         cache_size: int | None = None,
         source_scale: float | None = None,
-        num_folds: int | None = None,
-        fold: int = 0,
+        split: ValidationSplit | None = None,
         **kwargs: Any,
     ) -> None:
         if not 1 <= image_size <= MAX_IMAGE_SIZE:  # before crop_padding, which defaults to a share of it
@@ -125,7 +121,7 @@ class ImageFilesDataModule(ImageDataModule):
             )
         super().__init__(**kwargs)
         self.source = source
-        self.folds = Folds.of(num_folds, fold)
+        self.split = split
         self.image_size = image_size
         #: The side of the images stored (and read): the network's input, or the larger source it is cut from.
         self.source_size: int = cache_size or image_size
@@ -145,7 +141,7 @@ class ImageFilesDataModule(ImageDataModule):
 
     def _check(self, train: LabelledFiles) -> None:
         """What the training split's scan decides, checked once, before anything is built from it: the label
-        names, the other splits' labels against training's, the validation split and the folds."""
+        names, the other splits' labels against training's, and the validation split."""
         counts = self.targets.counts(train.labels)
         if counts is not None:  # names that group images (classes, tags), not the names of values
             check_class_names(train.classes, counts, self.source.labels_source(), self.targets.noun)
@@ -156,10 +152,10 @@ class ImageFilesDataModule(ImageDataModule):
                 "data.val_fraction must be in (0, 1) when the data has no validation split, got "
                 f"{self.val_fraction}"
             )
-        if self.folds is not None:
+        if self.split is not None:
             if has_val:
-                raise UserError(self.source.folds_with_val_split(self.folds.count))
-            self.folds.check(train.labels, self.targets)
+                raise UserError(self.source.split_with_val_split(self.split))
+            self.split.check(train.labels, self.targets)
 
     # -- what the model needs to know ----------------------------------------------------------------------------
     @property
@@ -176,7 +172,7 @@ class ImageFilesDataModule(ImageDataModule):
 
     @property
     def train_files(self) -> list[str]:
-        """The training split's files (before any validation split or fold), in the order of its labels."""
+        """The training split's files (before any validation split), in the order of its labels."""
         return self.scanned("train").files
 
     @property
@@ -186,7 +182,7 @@ class ImageFilesDataModule(ImageDataModule):
 
     @property
     def train_targets(self) -> torch.Tensor:
-        """The encoded targets of the part that trains (after the validation split or fold): what a task
+        """The encoded targets of the part that trains (after the validation split): what a task
         derives its loss's weights or scale from."""
         labels = self.train_labels
         rows = range(len(labels)) if self.has_split("val") else self._split()[0]
@@ -281,48 +277,9 @@ class ImageFilesDataModule(ImageDataModule):
         return drop_bad(indices, bad, files, self.skip_corrupt)
 
     def _split(self) -> tuple[list[int], list[int]]:
-        """Stratified, seeded split of the training files: (train indices, val indices). A UserError when no
-        image is left to validate on."""
-        labels = self.scanned("train").labels
-        if self.folds is not None:
-            return self.folds.split(labels, self.seed, self.targets)
-        strata = self.targets.strata(labels)
-        if strata is None:  # the kind deals its images itself (tag sets: iterative stratification)
-            train_idx, val_idx = self.targets.deal(
-                labels, [1 - self.val_fraction, self.val_fraction], self.seed
-            )
-        else:
-            train_idx, val_idx = self._class_split(strata)
-        if not val_idx:
-            noun = self.targets.noun
-            why, change = (
-                (
-                    f" and a {noun} with one image keeps it for training",
-                    f"give every {noun} two images or more",
-                )
-                if strata is not None and self.targets.counts(labels) is not None
-                else ("", "raise data.val_fraction")
-            )
-            raise UserError(
-                f"data.val_fraction={self.val_fraction} leaves no image to validate on: the training split has "
-                f"{len(labels)} image(s){why}. Add images ({change}), or give the data a validation split of its "
-                "own"
-            )
-        return train_idx, val_idx
-
-    def _class_split(self, strata: list[int]) -> tuple[list[int], list[int]]:
-        """`val_fraction` of each stratum (a class, a bin of values: at least one, never all) for validation,
-        drawn by `seed`."""
-        g = torch.Generator().manual_seed(self.seed)
-        label_array = np.asarray(strata)  # numpy's masks: torch.nonzero is far slower on CPU
-        train_idx, val_idx = [], []
-        for c in range(max(strata, default=-1) + 1):
-            idx = np.flatnonzero(label_array == c)
-            idx = idx[torch.randperm(len(idx), generator=g).numpy()].tolist()
-            n_val = min(len(idx) - 1, max(1, round(self.val_fraction * len(idx)))) if len(idx) > 1 else 0
-            val_idx += idx[:n_val]
-            train_idx += idx[n_val:]
-        return sorted(train_idx), sorted(val_idx)
+        """(train indices, val indices) of the training files: `split`'s, or the hold-out of `val_fraction`."""
+        split = self.split or HoldOut(self.val_fraction)
+        return split.split(self.scanned("train").labels, self.seed, self.targets)
 
     def setup(self, stage: str) -> None:
         if self.train_set is None:

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from project.data.augment import mix_batch
-from project.data.folds import fold_split
+from project.data.splits import HoldOut, stratified_parts
 from project.data.targets import Classes, TargetKind, kind_named
 from project.registry import load_all
 
@@ -124,10 +124,12 @@ def test_stratifies_splits_and_folds(example):
     counts = kind.counts(labels)  # None: names that do not group images (values)
     if counts is not None:
         assert len(counts) == kind.outputs and all(c >= 0 for c in counts) and sum(counts) > 0
-    folds = [fold_split(labels, 4, fold, seed=0, targets=kind) for fold in range(4)]
-    for train, val in folds:
-        assert val and sorted(train + val) == list(range(N))
-    assert sorted(i for _, val in folds for i in val) == list(range(N))  # each image validates once
+    parts = stratified_parts(labels, 4, seed=0, targets=kind)  # k-fold's folds, prepare's stored parts
+    assert all(parts) and sorted(i for part in parts for i in part) == list(
+        range(N)
+    )  # each image in one part
+    train, val = HoldOut(0.25).split(labels, 0, kind)  # the default validation split
+    assert val and sorted(train + val) == list(range(N))
 
 
 def test_mixing_two_images_interpolates_their_targets(example):

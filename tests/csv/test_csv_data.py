@@ -3,7 +3,6 @@ by file, row and value, the cache keyed by the CSV, validation splits and folds 
 multi-label data), and a fit through the CLI."""
 
 import pickle
-from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +12,7 @@ from PIL import Image
 
 from project.cli import main
 from project.csv.labels import ImageCSVDataModule
+from project.data.splits import HoldOut
 from project.data.targets import Classes
 from project.errors import UserError
 from tests.conftest import CONFIGS
@@ -183,25 +183,8 @@ def test_val_test_and_predict_csvs(tmp_path, capsys):
     )
     assert [Path(n).name for n in dm.predict_names] == ["5.png", "4.png"]
     assert "val.csv: 2 image(s) are in the training CSV" in capsys.readouterr().err
-    with pytest.raises(UserError, match="data.num_folds=3 with data.val_csv"):
-        csv_dm(csv, tmp_path, val_csv=str(val), num_folds=3).class_names  # noqa: B018  # the first scan
-
-
-def test_folds_of_a_csv_cover_every_image_once_and_stats_come_from_training(tmp_path):
-    csv = dataset(tmp_path, n=12)
-    vals = []
-    for fold in range(3):
-        dm = csv_dm(csv, tmp_path, num_folds=3, fold=fold)
-        dm.setup("fit")
-        train, val = dm.train_set.indices.tolist(), dm.val_set.indices.tolist()
-        assert sorted(train + val) == list(range(12)) and len(val) == 4
-        assert set(Counter(dm.train_labels[i] for i in val).values()) <= {
-            1,
-            2,
-        }  # 4 of each class over 3 folds
-        assert dm.mean == pytest.approx(dm._cache("train").mean_std(dm.train_set.indices)[0])
-        vals += val
-    assert sorted(vals) == list(range(12))
+    with pytest.raises(UserError, match=r"data.split HoldOut\(0.5\) with data.val_csv"):
+        csv_dm(csv, tmp_path, val_csv=str(val), split=HoldOut(0.5)).class_names  # noqa: B018  # the first scan
 
 
 def test_unreadable_images_in_a_csv_are_named_or_left_out(tmp_path, capsys):
@@ -223,7 +206,7 @@ def test_fit_with_configs_csv_yaml(tmp_path):
         "--model.net", "SimpleCNN", "--model.net.init_args.width", "4", "--model.net.init_args.hidden", "8",
         "--data.image_size", "8", "--data.batch_size", "4", "--data.num_workers", "0",
         "--trainer.accelerator", "cpu", "--trainer.precision", "32-true", "--trainer.fast_dev_run", "true",
-        "--data.num_folds", "3", "--data.fold", "1",
+        "--data.split", "HoldOut", "--data.split.fraction", "0.25",
         "--trainer.enable_progress_bar", "false", "--trainer.default_root_dir", tmp_path / "logs",
     ]  # fmt: skip
     main([str(a) for a in args])

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from project.data.augment import mix_batch
-from project.data.folds import check_class_counts, fold_split
+from project.data.splits import check_parts, stratified_parts
 from project.data.targets import kind_named
 from project.errors import UserError
 from project.regression.kind import Values
@@ -53,14 +53,16 @@ def test_values_are_stratified_by_quantile_bins():
     assert [strata[i] for i in order] == sorted(strata)  # bins follow the values
     assert Values(("v",)).strata(values[:7]) == [0] * 7  # too few images for two bins of five
     # Each fold holds one image of each bin: the folds see the same spread of values.
-    train, val = fold_split(values, 10, 3, seed=0, targets=Values(("v",)))
-    assert sorted(strata[i] for i in val) == list(range(10)) and sorted(train + val) == list(range(100))
+    folds = stratified_parts(values, 10, seed=0, targets=Values(("v",)))
+    assert sorted(strata[i] for i in folds[3]) == list(range(10)) and sorted(sum(folds, [])) == list(
+        range(100)
+    )
 
 
 def test_fold_checks_count_images_of_values():
-    check_class_counts([(1.0,), (2.0,)], 2, Values(("v",)))  # values: no name to count
-    with pytest.raises(UserError, match="2 image.*fewer than data.num_folds=3"):
-        check_class_counts([(1.0,), (2.0,)], 3, Values(("v",)))
+    check_parts([(1.0,), (2.0,)], 2, Values(("v",)), "data.split.num_folds")  # values: no name to count
+    with pytest.raises(UserError, match="2 image.*fewer than data.split.num_folds=3"):
+        check_parts([(1.0,), (2.0,)], 3, Values(("v",)), "data.split.num_folds")
 
 
 def test_mixup_mixes_the_values_themselves():

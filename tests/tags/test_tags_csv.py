@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from project.data.folds import fold_split
+from project.data.splits import stratified_parts
 from project.errors import UserError
 from project.tags.kind import Tags, iterative_stratification
 from tests.csv.test_csv_data import TAGS, csv_dm, tagged, write_csv, write_images
@@ -76,8 +76,7 @@ def test_iterative_stratification_keeps_every_tags_share_in_every_fold(seed):
     assert max(map(len, folds)) - min(map(len, folds)) <= 2
     assert folds == iterative_stratification(list(labels), [0.2] * 5, seed)  # a pure function of its inputs
     assert folds != iterative_stratification(labels, [0.2] * 5, seed + 10)
-    train, val = fold_split(labels, 5, 2, seed, Tags(tuple(map(str, range(5)))))
-    assert val == folds[2] and sorted(train + val) == list(range(150))
+    assert stratified_parts(labels, 5, seed, Tags(tuple(map(str, range(5))))) == folds  # k-fold's, prepare's
 
 
 def test_multilabel_validation_split_and_folds_follow_every_tag(tmp_path):
@@ -88,16 +87,20 @@ def test_multilabel_validation_split_and_folds_follow_every_tag(tmp_path):
     everything = dm.val_set.targets
     assert len(val) == 10
     assert ((val.sum(0) - everything.sum(0) * 0.25).abs() <= 1).all()
-    with pytest.raises(UserError, match="tag 'cat' is on .* image"):
+    # part: studies
+    from project.studies.folds import KFold
+
+    with pytest.raises(UserError, match="tag 'cat' has .* image"):
         few = write_csv(
             tmp_path / "few.csv", ["data/img/0.png,cat", "data/img/1.png,dog", "data/img/2.png,dog"]
         )
-        csv_dm(few, tmp_path, kind="tags", num_folds=2).class_names  # noqa: B018  # the first scan
+        csv_dm(few, tmp_path, kind="tags", split=KFold(2)).class_names  # noqa: B018  # the first scan
     folds = [
-        csv_dm(csv, tmp_path, label_column="tags", kind="tags", num_folds=4, fold=k)._split()[1]
+        csv_dm(csv, tmp_path, label_column="tags", kind="tags", split=KFold(4, k))._split()[1]
         for k in range(4)
     ]
     assert sorted(i for f in folds for i in f) == list(range(40))
+    # /part: studies
 
 
 def test_the_training_targets_are_those_of_the_part_that_trains(tmp_path):

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from project.data.augment import mix_batch
-from project.data.folds import check_class_counts
+from project.data.splits import check_parts
 from project.errors import UserError
 from project.tags.kind import Tags
 
@@ -21,8 +21,8 @@ def test_tags_encode_multi_hot_rows_store_them_and_record_their_kind():
 
 
 def test_fold_checks_count_each_tags_images():
-    with pytest.raises(UserError, match="tag 'b' is on 1 image"):
-        check_class_counts([(0, 1), (0, 2), (2,)], 2, Tags(NAMES))
+    with pytest.raises(UserError, match="tag 'b' has 1 image"):
+        check_parts([(0, 1), (0, 2), (2,)], 2, Tags(NAMES), "data.split.num_folds")
 
 
 def test_a_split_of_tags_is_scored_by_mean_average_precision():
