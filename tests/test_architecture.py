@@ -290,7 +290,6 @@ FIT_CORE = set(
         "data.folds",
         "data.decoded_cache",
         "data.label_checks",
-        "data.moved_settings",
         "data.image_reading",
         "data.tensor_dataset",
         "data.targets",

@@ -240,19 +240,3 @@ def test_evaluation_keeps_the_central_share_of_each_side_before_resizing():
     assert torch.equal(center, x[..., 2:6, 2:6])  # the central half of each side, already at the input size
     with pytest.raises(UserError, match=r"data.augment.eval_crop=0.0 is out of range"):
         BatchAugmentation(eval_crop=0.0)
-
-
-@pytest.mark.parametrize("where", ["flag", "config"])
-def test_an_augmentation_setting_under_its_old_key_is_one_line_naming_the_new_one(
-    image_folder, tmp_path, capsys, where
-):
-    from tests.test_data import cli_error
-
-    old = tmp_path / "old.yaml"
-    old.write_text("data:\n  init_args:\n    crop_scale: [0.5, 1.0]\n")
-    setting = ["--data.mixup_alpha", "0.2"] if where == "flag" else ["--config", old]
-    message = cli_error(
-        ["fit", "--config", CONFIGS / "folder.yaml", "--data.root", image_folder, *setting], capsys
-    )
-    key = "mixup_alpha" if where == "flag" else "crop_scale"
-    assert f"data.{key} is now data.augment.{key}" in message and f"--data.augment.{key}" in message

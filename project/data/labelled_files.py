@@ -1,10 +1,8 @@
 """`ImageFilesDataModule`: labelled image files, wherever their labels come from, decoded once and cached.
 
-What a source of labelled images needs beyond its list of files is the same for every source: decoding any
-size and mode, the decoded-image cache, a stratified validation split when the source has none (or the split
-`data.split` gives), statistics from the training part only, the unreadable-file and decompression-bomb guards, and a
-prediction folder. All of that lives here. The DataModule holds a source (`project.data.file_source`), which
-says only where the files and labels are: `ClassFolders` (class folders) is one.
+What every source of labelled images needs beyond its list of files lives here: decoding any size and mode, the
+cache, the validation split, statistics from the training part only, the unreadable-file and decompression-bomb
+guards, a prediction folder. The source it holds (`project.data.file_source`) says where files and labels are.
 """
 
 from pathlib import Path
@@ -45,18 +43,13 @@ MAX_IMAGE_SIZE = 8192
 class ImageFilesDataModule(ImageDataModule):
     """Labelled image files of any size and mode, resized once to `image_size` and cached.
 
-    The `source` (a `FileSource`) lists the files of `train` (required), `val` and `test` (None when it has no
-    such split: validation is then split off the training files by `val_fraction`, stratified and seeded, and
-    testing falls back to validation), and says the kind of its labels (`project.data.targets`: classes, each
-    image's tags, or its real values), which says how they are encoded and what stratifies the validation
-    split and the folds. Constructing reads nothing: the training split is scanned (and checked) when
-    something first asks for it, as the data -> model links do for the class names before anything trains.
+    The `source` lists the files of `train`, `val` and `test` (None: no such split; validation is then split
+    off the training files, testing falls back to validation) and the kind of its labels. Constructing reads
+    nothing: the training split is scanned and checked when first asked for (the data -> model links do).
 
-    Every image is converted to RGB (grayscale, RGBA and palette images too), its shorter side resized to
-    `image_size` and centre-cropped. With `cache: true` (default) this happens once: the images land in a
-    memory-mapped uint8 file in `cache_dir`, rebuilt only when files are added, removed or changed, and
-    batches are gathered from it like from CIFAR's in-memory tensor. `cache: false` decodes every image in
-    the loader workers each epoch (for datasets too large for the disk cache).
+    Every image is converted to RGB, its shorter side resized to `image_size` and centre-cropped: with `cache`
+    once, into a memory-mapped uint8 file rebuilt when files change, gathered like CIFAR's in-memory tensor;
+    without, in the loader workers every epoch (for data too large for the disk cache).
 
     Args:
         source: Where the files and their labels are (`ClassFolders`, a registered source, or one of your own).
@@ -65,17 +58,14 @@ class ImageFilesDataModule(ImageDataModule):
         cache: Decode once into the memory-mapped cache (fast) instead of every epoch.
         cache_dir: Where the cache lives. Default: `$XDG_CACHE_HOME/project/images` (`~/.cache/...`).
         skip_corrupt: Leave unreadable image files out with a warning instead of stopping with an error.
-        max_image_pixels: Largest width x height decoded; a larger image (a decompression bomb, say) counts as
-            unreadable.
+        max_image_pixels: Largest width x height decoded; a larger image (a decompression bomb) is unreadable.
         mean: Per-channel mean in [0, 1]; default: computed once over the training images (and cached).
         std: Per-channel std in [0, 1]; default: computed with the mean.
-        predict_root: A folder of unlabeled images (any depth) for `predict`; default: the test split if there
-            is one, else the validation split.
-        cache_size: Side of the squares cached (and decoded, without the cache), when larger than `image_size`:
-            each batch is then resized to `image_size` on the device, or cropped from it by `crop_scale`. The
-            cache takes N x 3 x cache_size^2 bytes. Default: `image_size`.
-        source_scale: The side of those squares as a multiple of `image_size` instead (1.5: 96 px at 64, 144 at
-            96), so that a recipe's source grows with its input; give it or `cache_size`, not both.
+        predict_root: A folder of unlabeled images (any depth) for `predict`; default: test, else validation.
+        cache_size: Side of the squares cached (or decoded), when larger than `image_size`: batches are resized
+            (or cropped, by `crop_scale`) to `image_size` on the device. Default: `image_size`.
+        source_scale: That side as a multiple of `image_size` instead (1.5: 96 px at 64), so a recipe's source
+            grows with its input; give it or `cache_size`, not both.
         split: Which training images validate when the source has no validation split (a `ValidationSplit`,
             seeded by `seed`). Default: a stratified hold-out of `val_fraction`.
         **kwargs: The loader and augmentation settings of `ImageDataModule` (batch_size, num_workers, ...).
