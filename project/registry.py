@@ -26,10 +26,10 @@ from pathlib import Path
 from typing import Any
 
 #: The seams, and what each registers: commands (run by `python -m <package> NAME`), tasks (LightningModules),
-#: kinds of target, DataModules, sources of image files, networks, callbacks.
-SEAMS = ("commands", "tasks", "target_kinds", "datamodules", "sources", "networks", "callbacks")
+#: kinds of target, DataModules, sources of image files, validation splits, networks, callbacks.
+SEAMS = ("commands", "tasks", "target_kinds", "datamodules", "sources", "splits", "networks", "callbacks")
 #: The seams whose entries are classes a config names by their short name.
-CLASS_SEAMS = ("tasks", "datamodules", "sources", "networks", "callbacks")
+CLASS_SEAMS = ("tasks", "datamodules", "sources", "splits", "networks", "callbacks")
 
 PACKAGE = __name__.rpartition(".")[0]
 FOLDER = Path(__file__).resolve().parent

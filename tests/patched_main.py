@@ -7,7 +7,9 @@ command (its entry point, exit included) plus the one patch fake files need.
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+# The repository root in place of this script's folder, whose test packages (tests/csv) would shadow the
+# standard library's modules of the same name.
+sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
 from project.__main__ import run  # noqa: E402
 from tests.fakes import patch_cifar_integrity  # noqa: E402

@@ -470,12 +470,16 @@ def _cifar(data: TinyData, config: str) -> list[object]:
 SHIPPED: dict[str, Any] = {
     "cifar10.yaml": lambda d: [*_cifar(d, "cifar10.yaml"), *TINY_CNN],
     "cifar100.yaml": lambda d: [*_cifar(d, "cifar100.yaml"), *TINY_CNN],
+    # part: csv
     "csv.yaml": lambda d: [
         *_images(d, "csv.yaml", "--data.csv", d.labels, "--data.images", d.images), *TINY_CNN,
     ],
+    # part: tags
     "csv_multilabel.yaml": lambda d: [
         *_images(d, "csv_multilabel.yaml", "--data.csv", d.tags, "--data.images", d.images), *TINY_CNN,
     ],
+    # /part: tags
+    # /part: csv
     "folder.yaml": lambda d: [*_folder(d), *TINY_CNN],
     "sample.yaml": lambda d: [*_images(d, "sample.yaml", "--data.root", d.images), *TINY_CNN[2:]],
     # part: streaming

@@ -3,10 +3,8 @@
 from pathlib import Path
 
 import pytest
-from PIL import Image
 
 from benchmarks.cifar_subset import make_enlarged, make_split, make_subset
-from tests.test_csv_data import csv_dm, write_images
 
 
 @pytest.fixture
@@ -42,46 +40,3 @@ def test_enlarged_copy_and_subset(jpegs, tmp_path):
 
 
 # -- the benchmarks' datasets ------------------------------------------------------------------------------------
-def test_a_csv_copy_of_class_folders_gives_the_folder_modules_files_labels_and_split(tmp_path):
-    from benchmarks.labels_from_csv import write_csv as write_folder_csv
-    from project.data import ImageFolderDataModule
-    from project.data.image_reading import list_images
-
-    for name in ("ant", "bee", "cow"):
-        write_images(tmp_path / "ds" / name, 5, seed=len(name))
-    folder = ImageFolderDataModule(str(tmp_path / "ds"), image_size=8, cache_dir=str(tmp_path / "cache"))
-    write_folder_csv(
-        tmp_path / "labels.csv", tmp_path / "ds", list_images(tmp_path / "ds"), strip_extension=True
-    )
-    from_csv = csv_dm(tmp_path / "labels.csv", tmp_path, images=str(tmp_path / "ds"))
-    assert from_csv.class_names == folder.class_names and from_csv.train_files == folder.train_files
-    assert from_csv.train_labels == folder.train_labels and from_csv._split() == folder._split()
-
-
-def test_multilabel_canvases_are_tagged_with_the_classes_pasted(tmp_path, monkeypatch):
-    import sys
-
-    from benchmarks import multilabel_canvas
-
-    for name in ("ant", "bee", "cow"):
-        write_images(tmp_path / "src" / name, 6, seed=len(name))
-    argv = [
-        "x",
-        "--src",
-        str(tmp_path / "src"),
-        "--dst",
-        str(tmp_path / "c"),
-        "--train",
-        "12",
-        "--test",
-        "4",
-        "--size",
-        "16",
-    ]
-    monkeypatch.setattr(sys, "argv", argv)
-    multilabel_canvas.main()
-    dm = csv_dm(tmp_path / "c" / "train.csv", tmp_path, multilabel=True, val_fraction=0.25)
-    assert dm.class_names == ["ant", "bee", "cow"] and len(dm.train_files) == 12
-    assert all(1 <= len(tags) <= 3 for tags in dm.train_labels)
-    with Image.open(dm.train_files[0]) as im:
-        assert im.size == (16, 16)

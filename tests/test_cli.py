@@ -21,9 +21,15 @@ MAIN_CONFIGS = [
     "cifar10.yaml",
     "cifar100.yaml",
     "folder.yaml",
+    # part: csv
     "csv.yaml",
+    # part: tags
     "csv_multilabel.yaml",
+    # /part: tags
+    # part: regression
     "csv_regression.yaml",
+    # /part: regression
+    # /part: csv
 ]
 # Everything in configs/ but the main configs, the search spaces of `tune` and the W&B sweeps stacks on a main one.
 STACKABLE = sorted(

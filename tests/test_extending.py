@@ -11,7 +11,6 @@ import yaml
 
 from tests.conftest import CONFIGS, PACKAGE, ROOT, newest_run, run_python
 from tests.fakes import make_image_folder
-from tests.test_regression import values_csv
 
 PAGE = ROOT / "docs" / "extending.md" if (ROOT / "docs" / "extending.md").is_file() else ROOT / "README.md"
 
@@ -41,8 +40,12 @@ def launcher(module_file: Path, module: str) -> str:
     )
 
 
+# part: csv
+# part: regression
 @pytest.mark.slow
 def test_add_a_task_trains_and_predicts_as_written(tmp_path):
+    from tests.regression.test_regression import values_csv
+
     (code,) = blocks("Add a task", "python")
     (config,) = blocks("Add a task", "yaml")
     module = re.search(r"saved as `project/tasks/(\w+)\.py`", section("Add a task"))[1]
@@ -78,6 +81,10 @@ def test_add_a_task_trains_and_predicts_as_written(tmp_path):
         list(rows[0]) == ["input", "value"] and len(rows) == 8
     )  # the validation images, each with its value
     assert all(abs(float(r["value"])) < 100 for r in rows)
+
+
+# /part: regression
+# /part: csv
 
 
 @pytest.mark.slow

@@ -18,7 +18,7 @@ from project.data.augment import (
     random_resized_crop,
     sample_boxes,
 )
-from project.data.targets import Classes, Tags
+from project.data.targets import Classes
 from project.errors import UserError
 from project.models import SimpleCNN
 from project.tasks import ImageClassifier
@@ -63,14 +63,6 @@ def test_cutmix_pastes_a_box_of_the_partner_whose_area_is_its_share():
     mixed, soft = mix_batch(x, y, classes(4), 0.0, 1.0)
     from_partner = (mixed[0] == 3).float().mean()  # image 0's partner is image 3
     assert torch.isclose(soft[0, 3], from_partner) and torch.isclose(soft[0, 0], 1 - from_partner)
-
-
-def test_multi_hot_rows_are_mixed_the_same_way():
-    y = torch.tensor([[1.0, 0, 1], [0, 1, 0], [0, 0, 1], [1, 1, 0]])
-    torch.manual_seed(1)
-    _, soft = mix_batch(torch.rand(4, 3, 8, 8), y, Tags(("a", "b", "c")), 0.4, 0.0)
-    lam = float(soft[1, 1])  # image 1 (tag 1 only) is mixed with image 2 (tag 2 only)
-    assert torch.allclose(soft, lam * y + (1 - lam) * y.flip(0))
 
 
 def test_no_mixing_when_the_batch_is_not_drawn():
@@ -248,19 +240,3 @@ def test_evaluation_keeps_the_central_share_of_each_side_before_resizing():
     assert torch.equal(center, x[..., 2:6, 2:6])  # the central half of each side, already at the input size
     with pytest.raises(UserError, match=r"data.augment.eval_crop=0.0 is out of range"):
         BatchAugmentation(eval_crop=0.0)
-
-
-@pytest.mark.parametrize("where", ["flag", "config"])
-def test_an_augmentation_setting_under_its_old_key_is_one_line_naming_the_new_one(
-    image_folder, tmp_path, capsys, where
-):
-    from tests.test_data import cli_error
-
-    old = tmp_path / "old.yaml"
-    old.write_text("data:\n  init_args:\n    crop_scale: [0.5, 1.0]\n")
-    setting = ["--data.mixup_alpha", "0.2"] if where == "flag" else ["--config", old]
-    message = cli_error(
-        ["fit", "--config", CONFIGS / "folder.yaml", "--data.root", image_folder, *setting], capsys
-    )
-    key = "mixup_alpha" if where == "flag" else "crop_scale"
-    assert f"data.{key} is now data.augment.{key}" in message and f"--data.augment.{key}" in message

@@ -195,10 +195,18 @@ def _expected(model: Path, image: Path) -> dict:
 
 @pytest.mark.slow
 def test_the_page_shows_tags_with_their_thresholds_and_values_as_they_are(browser, tmp_path):
-    tags = {"task": "MultiLabelClassifier", "kind": "tags", "outputs": "logits", "thresholds": [0.4, 0.6]}
-    values = {"task": "ImageRegressor", "kind": "values", "names": ["age", "angle"], "outputs": "values"}
+    cases = [  # the kinds of target present, each as its task records it
+        # part: tags
+        ("tags", {"task": "MultiLabelClassifier", "kind": "tags", "outputs": "logits", "thresholds": [0.4, 0.6]},
+         ("cat", "outdoor")),
+        # /part: tags
+        # part: regression
+        ("values", {"task": "ImageRegressor", "kind": "values", "names": ["age", "angle"], "outputs": "values"},
+         ("age", "angle")),
+        # /part: regression
+    ]  # fmt: skip
     images = [_png(c, tmp_path / f"{i}.png") for i, c in enumerate([(255, 0, 0), (0, 0, 255), (30, 200, 30)])]
-    for kind, spec, names in [("tags", tags, ("cat", "outdoor")), ("values", values, ("age", "angle"))]:
+    for kind, spec, names in cases:
         folder = tmp_path / kind
         model = _export(folder, spec, names)
         with serving(["--onnx", model, "--threads", "1"], folder) as (client, _, _):

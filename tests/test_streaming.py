@@ -100,25 +100,6 @@ def test_prepare_fit_predict_through_the_cli(prepared, tmp_path):
     ]  # no test split: the validation split, each image named by its place in it
 
 
-@pytest.mark.slow
-def test_multilabel_csv_streams_multi_hot_targets(prepared, tmp_path):
-    images = prepared.parent / "images"
-    rows = [f"{p.relative_to(images)},{p.parent.name}{' both' if i % 2 else ''}"
-            for i, p in enumerate(sorted(images.glob("*/img*")))]  # fmt: skip
-    (images / "tags.csv").write_text("path,tags\n" + "\n".join(rows) + "\n")
-    out = tmp_path / "tags"
-    main(["prepare", "--config", str(CONFIGS / "csv_multilabel.yaml"), "--data.csv", str(images / "tags.csv"),
-          "--data.cache_dir", str(tmp_path / "cache"), "--output_dir", str(out), "--size", "16",
-          "--num_workers", "1"])  # fmt: skip
-    meta = json.loads((out / METADATA).read_text())
-    assert meta["classes"] == ["both", "c0", "c1"] and meta["targets"] == "tags"
-    data = StreamingImageDataModule(str(out), image_size=8, batch_size=12, num_workers=0)
-    data.setup("validate")
-    _, targets = next(iter(data.val_dataloader()))
-    assert targets.dtype == torch.float32 and targets.shape[1] == 3
-    assert ((targets == 0) | (targets == 1)).all() and (targets[:, 1:].sum(1) == 1).all()
-
-
 def test_prepare_of_a_missing_folder_or_cifar_is_one_line(tmp_path, capsys):
     missing = tmp_path / "nowhere"
     err = one_line_error(prepare_args(missing, tmp_path / "out"), capsys)
@@ -325,59 +306,6 @@ def test_two_ddp_processes_read_disjoint_shards_covering_the_data(prepared, tmp_
         assert len(rank0) == len(rank1) == 5
         assert not set(rank0) & set(rank1)
         assert sorted(rank0 + rank1) == sorted(every_image)
-
-
-def test_prepare_records_stratified_folds_the_datamodule_reads(prepared):
-    meta = json.loads((prepared / METADATA).read_text())
-    assert meta["folds"] == {"seed": 0, "sizes": [2] * 5}  # 5 images of each class in 5 folds (the default)
-
-    def images(dataset) -> dict[float, int]:
-        """pixel sum -> label of every image of a split, which the sums tell apart."""
-        return {float(x.double().sum()): int(y) for x, y in (dataset[i] for i in range(len(dataset)))}
-
-    whole = StreamingImageDataModule(str(prepared), image_size=8, num_workers=0)
-    whole.setup("fit")
-    every = images(whole.train_set)
-    validated: list[float] = []
-    for fold in range(5):
-        data = StreamingImageDataModule(str(prepared), image_size=8, num_workers=0, num_folds=5, fold=fold)
-        data.setup("fit")
-        train, val = images(data.train_set), images(data.val_set)
-        assert sorted(val.values()) == [0, 1]  # stratified: one image of each class
-        assert len(train) == 8 and not set(train) & set(val) and train | val == every
-        validated += list(val)
-    assert sorted(validated) == sorted(every)  # every training image validates in exactly one fold
-    data = StreamingImageDataModule(
-        str(prepared), image_size=8, batch_size=2, num_workers=0, num_folds=5, fold=4
-    )
-    data.setup("fit")
-    loaded = [float(x.double().sum()) for batch, _ in data.train_dataloader() for x in batch]
-    assert sorted(loaded) == sorted(train)  # the training folds stream through the loader, each image once
-
-
-@pytest.mark.slow
-def test_folds_other_than_those_prepared_are_one_line(prepared, tmp_path, capsys):
-    err = one_line_error(fit_args(prepared, tmp_path, "--data.num_folds", "3"), capsys)
-    assert (
-        f"data.num_folds=3: {prepared} was prepared with 5 folds; prepare it again with --num_folds 3" in err
-    )
-    out = tmp_path / "no_folds"
-    main(prepare_args(prepared.parent / "images", out, "--num_folds", "null"))
-    err = one_line_error(fit_args(out, tmp_path, "--data.num_folds", "5"), capsys)
-    assert f"{out} was prepared without folds" in err
-
-
-@pytest.mark.slow
-def test_cv_over_the_prepared_folds(prepared, tmp_path):
-    args = fit_args(prepared, tmp_path, "--trainer.max_epochs", "1", "--trainer.limit_train_batches", "2")
-    result = run_cli(
-        "cv", *args[1:], "--folds", "5", "--folds_to_run", "0,4", "--wandb", "false", cwd=tmp_path
-    )
-    study = tmp_path / "cv" / "streaming"
-    for k in (0, 4):
-        fold = json.loads((study / f"fold_{k}" / "fold_result.json").read_text())
-        assert fold["fold"] == k and 0 <= fold["val/acc"] <= 1
-    assert "folds 1, 2, 3 are not complete yet" in result.stdout
 
 
 @pytest.mark.slow

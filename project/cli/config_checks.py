@@ -10,8 +10,8 @@ import yaml
 from project import models
 from project.callbacks import import_named
 from project.cli.tool_args import config_files
-from project.data.moved_settings import keys_in, moved_setting
 from project.errors import UserError
+from project.registry import import_named as import_registered
 
 #: PyYAML's safe loader, in C where PyYAML was built with libyaml (the same safe subset of YAML, read without a
 #: Python-level parser): every command reads its config files once before jsonargparse does.
@@ -50,14 +50,12 @@ def check_config_file(path: str) -> str:
 
 
 def before_parsing(args: Sequence[str]) -> None:
-    """What a command line needs before it is parsed: its config files checked, a data setting under its old key
-    refused in one line naming the new one, and the optional callbacks it names imported (the core imports none
-    of them)."""
+    """What a command line needs before it is parsed: its config files checked, and the optional callbacks it
+    names imported (the core imports none of them)."""
     args = [str(a) for a in args]
     texts = [check_config_file(path) for path in config_files(args)]
-    if moved := moved_setting(keys_in(args, map(load_yaml, texts))):
-        raise UserError(moved)
     import_named([*args, *texts])
+    import_registered([*args, *texts])  # the tasks, DataModules and sources the packages present register
 
 
 # Lines of jsonargparse's message for a class chosen by class_path (the task, the data, the network) that only

@@ -1,9 +1,7 @@
-"""Batched image augmentation that runs on the batch's device (the GPU when there is one), and the object that
-holds a recipe's augmentation settings (`BatchAugmentation`, a DataModule's `data.augment`).
+"""Batched augmentation on the batch's device, and the settings a DataModule holds (`BatchAugmentation`).
 
-Per-sample torchvision transforms run in DataLoader workers on the CPU and are the bottleneck of small-image
-training. These functions draw independent random parameters per image, so one call on a whole uint8
-batch has the same distribution as the per-sample RandomCrop(padding) + RandomHorizontalFlip pipeline.
+Per-sample transforms in CPU loader workers are the bottleneck of small-image training; these draw independent
+parameters per image, so one call on a uint8 batch has the distribution of the per-sample pipeline.
 """
 
 import math
@@ -24,8 +22,8 @@ def random_crop(
     generator: torch.Generator | None = None,
     padding_mode: Literal["constant", "reflect"] = "constant",
 ) -> Tensor:
-    """Pad by `padding` on each side (zeros, or the image mirrored at its border with `reflect`), then take an
-    independent random crop of the input size per image."""
+    """Pad by `padding` (zeros, or the image mirrored with `reflect`), then a random crop of the input size per
+    image."""
     if padding <= 0:
         return x
     n, _, h, w = x.shape
@@ -46,9 +44,8 @@ def random_flip(x: Tensor, p: float = 0.5, generator: torch.Generator | None = N
 
 
 def alternating_flip(x: Tensor, rows: Tensor, epoch: int, seed: int = 0) -> Tensor:
-    """Flip each image in every other epoch, starting from a side drawn once per image (airbench's alternating
-    flip): over any two epochs every image is seen both ways, where a fresh coin per epoch shows a quarter of
-    them only one way. `rows` identifies each image of the batch within its dataset."""
+    """Flip each image (`rows`: its dataset row) every other epoch from a side drawn once (airbench): over two
+    epochs every image is seen both ways, where a fresh coin shows a quarter of them one way only."""
     # Knuth's multiplicative hash of the row: a fixed, evenly split starting side per image, without state.
     start = ((rows.long() * 2654435761 + seed) >> 16) & 1
     flip = (start ^ (epoch & 1)).bool()
@@ -84,10 +81,8 @@ def sample_boxes(
     device: torch.device | str = "cpu",
     tries: int = 10,
 ) -> tuple[Tensor, Tensor]:
-    """One box per image as (x0, y0, x1, y1) in pixel coordinates, with RandomResizedCrop's distribution: area
-    uniform in `scale` x h x w, log aspect ratio (width / height) uniform in `ratio`, placed uniformly inside the
-    image. Like torchvision, up to `tries` draws per image; the first that fits is kept. Returns the boxes (n, 4)
-    and whether each image found one (those that did not hold the whole image)."""
+    """One (x0, y0, x1, y1) box per image with RandomResizedCrop's distribution (area uniform in `scale`, log
+    aspect ratio in `ratio`, the first of `tries` draws that fits), and whether each found one (else: whole)."""
     area = torch.empty(n, tries, device=device).uniform_(*scale) * (h * w)
     log_r = torch.empty(n, tries, device=device).uniform_(math.log(ratio[0]), math.log(ratio[1]))
     bw, bh = (area * log_r.exp()).sqrt(), (area / log_r.exp()).sqrt()
@@ -104,9 +99,8 @@ def sample_boxes(
 def random_resized_crop(
     x: Tensor, size: tuple[int, int], scale: tuple[float, float], ratio: tuple[float, float]
 ) -> Tensor:
-    """An independent RandomResizedCrop per image, for the whole batch in one `roi_align` call (each output pixel
-    averages the source pixels under it, so a large box shrinks without aliasing). Float output in the input's
-    units (0-255 for uint8 input)."""
+    """A RandomResizedCrop per image in one `roi_align` call (each output pixel averages the pixels under it: no
+    aliasing); float output in the input's units."""
     from torchvision.ops import roi_align
 
     n, _, h, w = x.shape
@@ -131,14 +125,14 @@ def center_crop(x: Tensor, share: float) -> Tensor:
 
 
 def evaluation_view(x: Tensor, share: float, size: tuple[int, int]) -> Tensor:
-    """What evaluation, and every consumer of an exported model, makes of a batch of decoded squares: the
-    central `share` of each side, resized to the network's input `size`."""
+    """What evaluation (and an exported model's consumer) makes of decoded squares: the central `share` of each
+    side, resized to the network's input `size`."""
     return resize(center_crop(x, share) if share < 1 else x, size)
 
 
 def random_erasing(x: Tensor, p: float) -> Tensor:
-    """torchvision's RandomErasing (area 2-33 %, aspect ratio 0.3-3.3, filled with 0: the mean of normalised
-    images) for each image with probability `p`, as one mask over the batch."""
+    """torchvision's RandomErasing (area 2-33 %, ratio 0.3-3.3, filled with 0: the normalised mean) with
+    probability `p` per image, as one mask over the batch."""
     if p <= 0:
         return x
     n, _, h, w = x.shape
@@ -155,12 +149,10 @@ def random_erasing(x: Tensor, p: float) -> Tensor:
 def mix_batch(
     x: Tensor, targets: Tensor, kind: TargetKind, mixup_alpha: float, cutmix_alpha: float, p: float = 1.0
 ) -> tuple[Tensor, Tensor]:
-    """MixUp (Zhang et al., 2018) or CutMix (Yun et al., 2019) of a batch with itself reversed, as timm and
-    torchvision's references do: one mixing weight per batch, drawn from Beta(alpha, alpha); with both alphas set,
-    each batch takes one of the two at even odds, and with probability `1 - p` neither. `targets` are of the
-    `kind` (`project.data.targets`), which says what is mixed (`mixable`: class indices as one-hot rows, tag
-    rows, values); returns the images and the mixed float targets, whose rows sum to what the targets' rows did. The draws (scalars) come from the global CPU generator, which checkpoints
-    restore: a resumed run mixes exactly as the run never stopped."""
+    """MixUp (Zhang et al., 2018) or CutMix (Yun et al., 2019) of a batch with itself reversed, as timm does: one
+    Beta(alpha, alpha) weight per batch, one of the two at even odds when both are set, neither with probability
+    `1 - p`. The `kind` says what is mixed (`mixable`). The draws come from the global CPU generator, which
+    checkpoints restore: a resumed run mixes as the run never stopped."""
     soft = kind.mixable(targets)
     apply, use_cutmix = torch.rand(2).tolist()
     if apply >= p or (mixup_alpha <= 0 and cutmix_alpha <= 0):
@@ -189,40 +181,30 @@ def mix_batch(
 
 @dataclass(frozen=True)
 class BatchAugmentation:
-    """The training augmentation of image batches on their device, and how evaluation views an image: an object
-    a DataModule holds (`data.augment`), as timm's `Mixup` and torchvision's reference presets are.
+    """The training augmentation on the batch's device, and how evaluation views an image (`data.augment`).
 
-    Training batches get the padded random crop and the flip (on by default), and the regularisers of long
-    recipes (Cutout, random erasing, MixUp/CutMix, the random-resized crop, TrivialAugmentWide; off by default);
-    each image its own draws. Evaluation sees each image whole (or its central `eval_crop`), resized to the
-    network's input.
+    Training gets the padded random crop and the flip (on by default) and the regularisers of long recipes (off
+    by default), each image its own draws; evaluation sees each image whole (or its central `eval_crop`).
 
     Args:
         crop_padding: Padding for the random crop; 0 disables the crop. Default: an eighth of the input's side
             (4 for 32x32 CIFAR).
         crop_padding_mode: What the padding holds: `constant` (zeros) or `reflect` (the image mirrored at its
             border, as airbench does: no black bars for the network to learn about).
-        flip: Horizontal flips during training: `true`, a fresh coin per image and epoch; `alternate`, each
-            image flipped in every other epoch from a random start (airbench: every image is seen both ways
-            within two epochs; needs images held in memory, as CIFAR and cached folders are); `false`, none.
+        flip: Horizontal flips: `true`, a coin per image and epoch; `alternate`, every other epoch from a random
+            start (needs the images in memory: CIFAR, cached folders); `false`, none.
         cutout: Side of the square zeroed per training image (Cutout); 0 disables it.
-        mixup_alpha: MixUp's Beta(alpha, alpha) mixing weight (0.2 is common); 0 disables MixUp. Training
-            batches then carry soft targets for the loss, and each image's own labels for the training metrics.
-        cutmix_alpha: CutMix's Beta(alpha, alpha) (1.0 is common); 0 disables CutMix. With both alphas set,
-            each batch gets one of the two at even odds.
+        mixup_alpha: MixUp's Beta(alpha, alpha) (0.2 is common); 0: off. Mixed batches carry soft targets for
+            the loss and each image's own labels for the training metrics.
+        cutmix_alpha: CutMix's Beta(alpha, alpha) (1.0 is common); 0: off.
         mix_prob: Probability that a training batch is mixed at all (when an alpha is set).
-        random_erasing: Probability that each training image gets one random box zeroed (torchvision's
-            RandomErasing: 2-33 % of the image, aspect ratio 0.3-3.3); 0 disables it.
-        crop_scale: A random-resized crop per training image instead of the padded crop: the box's share of the
-            image's area is drawn from this range (torchvision's default is [0.08, 1.0]), then the box is resized
-            to the network's input, for the whole batch in one call. Most useful with images decoded larger
-            than the input (`data.cache_size`). None: off.
+        random_erasing: Probability that a training image gets one random box zeroed (RandomErasing); 0: off.
+        crop_scale: A random-resized crop per training image instead of the padded crop, its area share drawn
+            from this range (torchvision's default [0.08, 1.0]); best with a larger cached source. None: off.
         crop_ratio: The range of the crop box's aspect ratio (width / height), drawn log-uniformly.
-        eval_crop: The central share of each side that evaluation keeps before resizing to the input; 1.0 keeps
-            the whole image. Random-resized crops enlarge objects in training; torchvision's references crop
-            0.875 at test so that objects appear about as large as the network learned them.
-        trivial_augment: TrivialAugmentWide (Müller & Hutter, 2021) per training image, in the loader workers
-            (on the CPU, before the batch reaches the device).
+        eval_crop: The central share of each side evaluation keeps before resizing (1.0: all). Random-resized
+            crops enlarge objects; torchvision crops 0.875 at test so they appear as large as learned.
+        trivial_augment: TrivialAugmentWide (Müller & Hutter, 2021) per training image, in the loader workers.
     """
 
     crop_padding: int | None = None
@@ -286,10 +268,8 @@ class BatchAugmentation:
     def images(
         self, x: Tensor, rows: Tensor | None, train: bool, epoch: int, size: tuple[int, int], seed: int
     ) -> Tensor:
-        """A batch at the network's input `size`, cropped and flipped if `train` (before normalising): with
-        `crop_scale` a random-resized crop per image, else the whole image resized (a no-op when the images are
-        stored at that size) and the padded crop; evaluation keeps the central `eval_crop` of each side. `rows`
-        are the images' dataset rows (alternating flips)."""
+        """A batch at the network's input `size`, cropped and flipped if `train` (before normalising); `rows`:
+        the images' dataset rows (alternating flips)."""
         if not train:
             return evaluation_view(x, self.eval_crop, size)
         if self.crop_scale is not None:

@@ -9,8 +9,8 @@ from torchvision import datasets
 
 from project.data.datamodule import ImageDataModule, LabelledSplits
 from project.data.decoded_cache import channel_mean_std
-from project.data.folds import Folds
 from project.data.image_reading import MAX_IMAGE_PIXELS
+from project.data.splits import ValidationSplit
 from project.data.tensor_dataset import TensorImageDataset
 from project.errors import UserError
 
@@ -58,9 +58,8 @@ class CIFARDataModule(ImageDataModule):
         data_dir: Where the dataset is (or is downloaded to).
         download: Download the dataset if it is not in `data_dir` (only in `prepare_data`, on one process).
         val_size: Training images held out for validation.
-        num_folds: Split the 50,000 training images into this many class-stratified folds (seeded by `seed`)
-            instead of the `val_size` split, for `python -m project cv`. Default: no folds.
-        fold: The fold that validates (0 to num_folds - 1); the other folds train.
+        split: Which of the 50,000 training images validate instead (a `ValidationSplit`, seeded by `seed`; its
+            statistics then come from the part that trains). Default: `val_size` images drawn by `seed`.
         **kwargs: The loader and augmentation settings of `ImageDataModule` (batch_size, num_workers, ...).
     """
 
@@ -70,12 +69,11 @@ class CIFARDataModule(ImageDataModule):
         data_dir: str = "data",
         download: bool = True,
         val_size: int = 5000,
-        num_folds: int | None = None,
-        fold: int = 0,
+        split: ValidationSplit | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        self.folds = Folds.of(num_folds, fold)
+        self.split = split
         if not 0 < val_size < _TRAIN_SIZE:
             raise UserError(
                 f"data.val_size must be between 1 and {_TRAIN_SIZE - 1} for {name}, got {val_size}"
@@ -163,9 +161,9 @@ class CIFARDataModule(ImageDataModule):
                 )
             perm = torch.randperm(len(images), generator=torch.Generator().manual_seed(self.seed))
             val_idx, train_idx = perm[: self.val_size], perm[self.val_size :]
-            if self.folds is not None:  # and the statistics of the training folds, not of all 50,000
-                folds = self.folds.split(targets.tolist(), self.seed, self.targets)
-                train_idx, val_idx = map(torch.tensor, folds)
+            if self.split is not None:  # and the statistics of the part that trains, not of all 50,000
+                parts = self.split.split(targets.tolist(), self.seed, self.targets)
+                train_idx, val_idx = map(torch.tensor, parts)
                 if not self._given_stats:  # (a pretrained network's own stats stay)
                     self.mean, self.std = channel_mean_std(images[train_idx].split(4096))
             sample_transform = self.augment.sample_transform()

@@ -53,11 +53,11 @@ class ClassFolders(FileSource):
     def labels_source(self) -> str:
         return str(self.train_dir)
 
-    def folds_with_val_split(self, num_folds: int) -> str:
+    def split_with_val_split(self, split: object) -> str:
         return (
-            f"data.num_folds={num_folds} with the validation folder {self.val_dir}: the folds are drawn from "
-            f"the training images, so that folder would be ignored. Move its images into {self.root / 'train'}"
-            "/<class>/ to cross-validate over all of them, or drop data.num_folds to validate on it"
+            f"data.split {split} with the validation folder {self.val_dir}: it divides the training images, so "
+            f"that folder would be ignored. Move its images into {self.root / 'train'}/<class>/ to divide all of "
+            "them, or drop data.split to validate on it"
         )
 
 
@@ -67,7 +67,7 @@ class ImageFolderDataModule(ImageFilesDataModule):
     Args:
         root: Dataset folder: `root/train/<class>/*` (with optional `root/val`, `root/test`), or `root/<class>/*`.
         **kwargs: The image, cache, split and loader settings of `ImageFilesDataModule` (image_size, cache,
-            val_fraction, num_folds, batch_size, ...).
+            val_fraction, split, batch_size, ...).
     """
 
     def __init__(self, root: str, **kwargs: Any) -> None:

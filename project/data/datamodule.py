@@ -21,8 +21,8 @@ from project.machine import available_cpus
 def per_device_batch_size(
     batch_size: int, global_batch_size: int | None, world_size: int, accumulate_grad_batches: int
 ) -> int:
-    """Samples per batch on each device: `global_batch_size` split over processes and accumulated batches when
-    it is set, else `batch_size`. A global size that does not split evenly is an error."""
+    """Samples per batch and device: `global_batch_size` split over processes and accumulated batches, else
+    `batch_size`; a global size that does not split evenly is an error."""
     if global_batch_size is None:
         return batch_size
     parts = world_size * accumulate_grad_batches
@@ -37,10 +37,8 @@ def per_device_batch_size(
 
 @dataclass
 class LabelledSplits:
-    """A source's samples split by split, as a tool that stores them elsewhere (in chunks, in another format)
-    reads them: `splits` maps each split (train, val, and test where the data has one) to its items and labels.
-    An item is an image file's path or an (H, W, 3) uint8 array already in memory; a label is what `targets`
-    reads (a class index, a list of tags, a list of values)."""
+    """A source's samples as a tool that stores them elsewhere reads them: each split (train, val, test where
+    there is one) -> its items (image paths, or (H, W, 3) uint8 arrays) and labels (as `targets` reads them)."""
 
     classes: list[str]
     targets: TargetKind
@@ -57,42 +55,31 @@ class LabelledSplits:
 class ImageDataModule(L.LightningDataModule):
     """Base class: subclasses fill `train_set`, `val_set`, `test_set`, `predict_set` in `setup`.
 
-    Batches leave the DataLoader as `(uint8 images (B, C, H, W), targets)`, the targets of the data's kind
-    (`targets`, `project.data.targets`): int64 labels (B,), float32 multi-hot rows (B, tags) for multi-label data,
-    float32 values (B, values) for regression. After they reach the
-    device, `on_after_batch_transfer` augments training batches (`augment`, a `BatchAugmentation`: crop, flip and
-    the optional regularisers, independent per image; a mixed batch gains soft targets) and brings every batch to the
-    network's input size and normalises it, on the GPU when there is one. Prediction batches carry each
-    sample's index instead of a label.
+    Batches leave the loader as `(uint8 images (B, C, H, W), targets)` of the data's kind (`targets`), prediction
+    batches with each sample's index instead. On the device, `on_after_batch_transfer` augments training batches
+    (`augment`) and brings every batch to the network's input, normalised.
 
-    The training order is a permutation per epoch drawn from the run's seed and the epoch, dealt to the
-    processes by the loader itself, and its position is saved in every checkpoint: a run stopped in the
-    middle of an epoch continues with exactly the batches it would have drawn (see `project.data.samplers`).
-    Validation, test and prediction give each process its own whole batches, every sample exactly once
-    (with DDP; a sharded model needs the same number of batches on every process, which Lightning's sampler
-    pads with repeated samples).
+    The training order is a permutation per epoch from the run's seed, dealt to the processes by the loader and
+    saved in checkpoints: a run stopped mid-epoch continues with the batches it would have drawn
+    (`project.data.samplers`). Evaluation gives each process whole batches, every sample once (a sharded model
+    needs equal batch counts: Lightning's sampler pads those).
 
     Args:
-        batch_size: Samples per batch, per device (ignored when `global_batch_size` is set). Reading
-            `batch_size` gives the per-device size the run uses, derived from `global_batch_size` if set.
-        global_batch_size: Samples per optimizer step over all devices, nodes and accumulated batches. When
-            set, the per-device batch size is derived from it: global / (devices x nodes x
-            accumulate_grad_batches), so the same recipe optimises identically on 1 GPU or 64. A size that
-            does not divide is an error.
-        prepare_data_per_node: Download (prepare_data) on the first process of every node, for nodes that
-            do not share a filesystem. Default: only on global rank 0, while the others wait (a shared
-            filesystem, the usual cluster setup: concurrent downloads into one folder would corrupt it).
-        num_workers: DataLoader worker processes. Default: 0 when batches are gathered from an in-memory
-            tensor (nothing to parallelise), else one per available CPU (at most 8).
+        batch_size: Samples per batch and device (derived from `global_batch_size` when that is set).
+        global_batch_size: Samples per optimizer step over all devices, nodes and accumulated batches: the
+            per-device size becomes global / (devices x nodes x accumulate_grad_batches), so a recipe optimises
+            alike on 1 GPU or 64 (a size that does not divide is an error).
+        prepare_data_per_node: Download on the first process of every node (nodes without a shared filesystem);
+            default: on global rank 0 only, the others waiting (concurrent downloads would corrupt the folder).
+        num_workers: Loader worker processes. Default: 0 for in-memory tensors, else one per CPU (at most 8).
         pin_memory: Page-locked host memory for faster host-to-GPU copies. Default: only with CUDA.
-        persistent_workers: Keep workers alive between epochs (saves their start-up every epoch).
+        persistent_workers: Keep workers alive between epochs.
         prefetch_factor: Batches each worker loads ahead.
-        seed: Seed of the train/validation split (fixed, so the split is the same in every run).
-        on_device: Move in-memory datasets (CIFAR, cached folders) to the training device once, so batches are
-            gathered there and an epoch never touches the host (the fastest CIFAR trainers do this). Needs the
-            dataset to fit in device memory (CIFAR-10 train: 150 MB as uint8).
-        augment: The training augmentation and the evaluation view (crop, flip, Cutout, MixUp/CutMix, ...;
-            `BatchAugmentation`), as `--data.augment.KEY VALUE`.
+        seed: Seed of the train/validation split (the same split in every run).
+        on_device: Move in-memory datasets (CIFAR, cached folders) to the device once, so an epoch never touches
+            the host (CIFAR-10 train: 150 MB as uint8).
+        augment: The training augmentation and the evaluation view (`BatchAugmentation`), as
+            `--data.augment.KEY VALUE`.
     """
 
     #: Per-channel mean and std in [0, 1] units; set by subclasses.
@@ -100,8 +87,7 @@ class ImageDataModule(L.LightningDataModule):
     std: tuple[float, ...] = (0.5, 0.5, 0.5)
     #: Whether mean/std were given (by the config or a pretrained network) rather than measured on the data.
     _given_stats: bool = False
-    #: Side of the squares images are decoded to before the device brings them to the input (a larger one
-    #: leaves room for random-resized crops); None: the input's own.
+    #: Side of the squares decoded before the device brings them to the input (larger: room for random crops).
     source_size: int | None = None
     #: The split `test_dataloader` serves, as reports name it: `validation` where the data has no test split.
     tested_split: str = "test"
@@ -147,9 +133,7 @@ class ImageDataModule(L.LightningDataModule):
     # -- what the model needs to know (linked by the CLI at instantiation) ---------------------------------
     @property
     def class_names(self) -> list[str]:
-        """The name of each output of the model, in order: the classes of single-label data (target i is the
-        class `class_names[i]`), the tags of multi-label data (column i of a target is tag `class_names[i]`), or
-        the names of the values of regression data. Every DataModule provides it."""
+        """The name of each output of the model, in order (classes, tags, values: the kind's names)."""
         raise NotImplementedError
 
     @property
@@ -169,8 +153,7 @@ class ImageDataModule(L.LightningDataModule):
     # -- loaders --------------------------------------------------------------------------------------------
     @property
     def batch_size(self) -> int:
-        """The per-device batch size of this run: derived from `global_batch_size` when that is set (an error
-        when it does not divide), else the configured one."""
+        """The per-device batch size of this run (from `global_batch_size` when that is set)."""
         world_size, accumulate = self._world()[0], self._accumulation()
         return per_device_batch_size(self._batch_size, self.global_batch_size, world_size, accumulate)
 
@@ -189,9 +172,8 @@ class ImageDataModule(L.LightningDataModule):
         return self.trainer.accumulate_grad_batches if self.trainer is not None else 1
 
     def _uneven_shards_ok(self, samples: int, batch_size: int) -> bool:
-        """Whether the processes may evaluate different numbers of batches. Not with a sharded model (FSDP,
-        ModelParallelStrategy, DeepSpeed), whose every forward pass is a collective of all processes, nor when
-        a process would get no batch at all (DDP's first forward pass in evaluation broadcasts buffers)."""
+        """Whether processes may evaluate different numbers of batches: not under a sharded model (each forward is
+        a collective), nor when a process would get none (DDP's first evaluation forward broadcasts buffers)."""
         world_size = self._world()[0]
         if world_size == 1 or self.trainer is None:
             return True
@@ -245,8 +227,8 @@ class ImageDataModule(L.LightningDataModule):
         return ResumableLoader(dataset, sampler, drop_last=drop_last, **settings)
 
     def iterable_loader(self, dataset: IterableDataset, **settings: Any) -> DataLoader:
-        """The loader of a dataset that deals its own samples: a plain `DataLoader`, unless the dataset needs
-        its own kind to save and restore its position (a DataModule of such datasets overrides this)."""
+        """The loader of a dataset that deals its own samples (a DataModule whose stream saves its place
+        overrides it)."""
         return DataLoader(dataset, **settings)
 
     def train_dataloader(self) -> DataLoader:
@@ -273,9 +255,8 @@ class ImageDataModule(L.LightningDataModule):
 
     # -- on-device augmentation and normalisation -----------------------------------------------------------
     def transform_batch(self, batch: tuple[Tensor, ...], train: bool, epoch: int = 0) -> tuple[Tensor, ...]:
-        """Augment (if `train`) and normalise a uint8 batch on whatever device it is on. A batch may carry each
-        image's dataset row third (for alternating flips); the result is `(images, targets)`, or for a mixed
-        training batch `(images, soft targets, targets)`."""
+        """Augment (if `train`) and normalise a uint8 batch (a third item: the images' rows, for alternating
+        flips): `(images, targets)`, or mixed `(images, soft targets, targets)`."""
         x, y, *rows = batch
         x = self.augment.images(x, rows[0] if rows else None, train, epoch, self._input_size(x), self.seed)
         key = (x.device, tuple(self.mean), tuple(self.std))
@@ -304,9 +285,8 @@ class ImageDataModule(L.LightningDataModule):
         return self.transform_batch(tuple(batch), train=training, epoch=epoch)
 
     def labelled_splits(self) -> LabelledSplits:
-        """The data's samples as items and labels per split, for a tool that stores them elsewhere: train and
-        val (the data's own, or the seeded validation split the DataModule draws) and test where there is one.
-        A source whose samples can be listed so overrides this."""
+        """The data's samples per split (`LabelledSplits`), for a tool that stores them elsewhere; a DataModule
+        that can list them overrides this."""
         raise UserError(
             f"{type(self).__name__} does not list its samples: give it a labelled_splits() method (the items and "
             "labels of each split), as the class-folder, CSV and CIFAR DataModules have"
@@ -317,8 +297,8 @@ class ImageDataModule(L.LightningDataModule):
         return True
 
     def use_network_stats(self, stats: tuple[Sequence[float], Sequence[float]] | None) -> None:
-        """Normalise with the per-channel mean and std a pretrained network's weights were trained with (its
-        `input_stats()`; None: the network has none), unless the config set `data.mean`/`data.std`."""
+        """Normalise with a pretrained network's `input_stats()` (None: it has none), unless the config set
+        `data.mean`/`data.std`."""
         if stats is not None and not self._given_stats:
             self.mean, self.std = tuple(stats[0]), tuple(stats[1])
             self._given_stats = True

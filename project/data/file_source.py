@@ -4,7 +4,7 @@ An `ImageFilesDataModule` holds a source and asks it, split by split, for the fi
 decoding, the cache, the validation split, the folds, the statistics and the bad-input guards are the
 DataModule's, the same for every source. Building a source reads nothing: `scan` reads, when the DataModule
 first needs the data (the data -> model links ask for the class names before anything trains).
-`ClassFolders` (project.data.class_folders) and `CSVLabels` (project.data.csv_labels) are the shipped ones.
+`ClassFolders` (project.data.class_folders) is the core's; a part may register more (`sources`).
 """
 
 from abc import ABC, abstractmethod
@@ -34,11 +34,11 @@ class FileSource(ABC):
         """Where the training labels come from, as warnings about them name it."""
         return "the training data"
 
-    def folds_with_val_split(self, num_folds: int) -> str:
-        """The message for `num_folds` given with a source that has its own validation split."""
+    def split_with_val_split(self, split: object) -> str:
+        """The message for a `data.split` given with a source that has its own validation split."""
         return (
-            f"data.num_folds={num_folds}: the folds are drawn from the training images, and the data has a "
-            "validation split of its own that would be ignored; drop data.num_folds to validate on it"
+            f"data.split {split}: it divides the training images, and the data has a validation split of its own "
+            "that would be ignored; drop data.split to validate on it"
         )
 
     def predict_files(self) -> list[Path] | None:

@@ -11,17 +11,12 @@ import contextlib
 import os
 import unicodedata
 from collections.abc import Iterator, Sequence
-from pathlib import Path
-from typing import Any
 
 from project.errors import warn
 
 #: Set (to anything) in the environment of runs whose data a parent process has checked and warned about
 #: already (the folds of `cv`): their own data warnings would only repeat its.
 DATA_WARNED_ENV = "PROJECT_DATA_WARNED"
-
-#: Characters that often separate tags: one inside a tag suggests the tags were split at the wrong one.
-TAG_SEPARATORS = ",;|"
 
 #: What a shown name is cut to: a label may be a whole paragraph pasted into a cell.
 SHOWN_CHARS = 60
@@ -94,50 +89,6 @@ def check_class_names(
             f"{len(single)} {kind if len(single) == 1 else plural} of {source} ha{'s' if len(single) == 1 else 've'}"
             f" a single image ({listed}): it trains, and nothing of it is validated; add images or check the label"
         )
-
-
-#: More distinct labels than this, all numbers and some not whole, read as real values rather than classes.
-VALUE_LIKE_CLASSES = 20
-
-
-def warn_if_values(names: Sequence[str], source: str) -> None:
-    """One warning line when class labels look like real values (many distinct numbers, some with a fraction):
-    trained as classes, each value would be a class of its own and nothing would relate 2.5 to 2.6."""
-    if len(names) <= VALUE_LIKE_CLASSES:
-        return
-    try:
-        numbers = [float(name) for name in names]
-    except ValueError:
-        return
-    if all(n.is_integer() for n in numbers):
-        return
-    example = next(name for name, n in zip(names, numbers, strict=True) if not n.is_integer())
-    data_warning(
-        f"the {len(names)} labels of {source} are all numbers (such as {shown(example)}): they are trained as "
-        f"{len(names)} classes; if they are measurements, train a regression with configs/csv_regression.yaml "
-        "(data.values true)"
-    )
-
-
-def warn_tag_separators(
-    path: Path, names: set[str], rows: list[int], written: list[Any], separator: str | None
-) -> None:
-    """A warning for tags holding a character that often separates tags (`red;round`, or `red,round` from a
-    quoted cell): the CSV's tags are likely separated by it, not by `separator` (data.label_separator; None:
-    whitespace)."""
-    marks = [c for c in TAG_SEPARATORS if c != separator]
-    odd = sorted(tag for tag in names if any(c in tag for c in marks))
-    if not odd:
-        return
-    tag = odd[0]
-    mark = next(c for c in marks if c in tag)
-    row = next(row for row, tags in zip(rows, written, strict=True) if tag in tags)
-    split_at = "whitespace" if separator is None else repr(separator)
-    more = f" (and {len(odd) - 1} more tag(s) like it)" if len(odd) > 1 else ""
-    data_warning(
-        f"tag {shown(tag)} of {path} (row {row}) holds {mark!r}, and tags are split at {split_at} "
-        f"(data.label_separator){more}: if {mark!r} separates the tags, set --data.label_separator '{mark}'"
-    )
 
 
 def _typos(classes: Sequence[str], count: dict[str, int]) -> list[tuple[str, str]]:

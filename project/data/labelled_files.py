@@ -1,17 +1,13 @@
 """`ImageFilesDataModule`: labelled image files, wherever their labels come from, decoded once and cached.
 
-What a source of labelled images needs beyond its list of files is the same for every source: decoding any
-size and mode, the decoded-image cache, a stratified validation split when the source has none, k-fold
-splits, statistics from the training part only, the unreadable-file and decompression-bomb guards, and a
-prediction folder. All of that lives here. The DataModule holds a source (`project.data.file_source`), which
-says only where the files and labels are: `ClassFolders` (class folders) is one, `CSVLabels` (a CSV of paths
-and labels) another.
+What every source of labelled images needs beyond its list of files lives here: decoding any size and mode, the
+cache, the validation split, statistics from the training part only, the unreadable-file and decompression-bomb
+guards, a prediction folder. The source it holds (`project.data.file_source`) says where files and labels are.
 """
 
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from torch.utils.data import Dataset
 
@@ -24,7 +20,6 @@ from project.data.decoded_cache import (
     sampled_mean_std,
 )
 from project.data.file_source import FileSource
-from project.data.folds import Folds, iterative_stratification
 from project.data.image_reading import (
     MAX_IMAGE_PIXELS,
     ImageFileDataset,
@@ -34,7 +29,8 @@ from project.data.image_reading import (
     list_images,
 )
 from project.data.label_checks import check_class_names
-from project.data.targets import Tags, TargetKind
+from project.data.splits import HoldOut, ValidationSplit
+from project.data.targets import TargetKind
 from project.data.tensor_dataset import TensorImageDataset
 from project.errors import UserError, warn
 from project.machine import available_cpus
@@ -47,41 +43,31 @@ MAX_IMAGE_SIZE = 8192
 class ImageFilesDataModule(ImageDataModule):
     """Labelled image files of any size and mode, resized once to `image_size` and cached.
 
-    The `source` (a `FileSource`) lists the files of `train` (required), `val` and `test` (None when it has no
-    such split: validation is then split off the training files by `val_fraction`, stratified and seeded, and
-    testing falls back to validation), and says the kind of its labels (`project.data.targets`: classes, each
-    image's tags, or its real values), which says how they are encoded and what stratifies the validation
-    split and the folds. Constructing reads nothing: the training split is scanned (and checked) when
-    something first asks for it, as the data -> model links do for the class names before anything trains.
+    The `source` lists the files of `train`, `val` and `test` (None: no such split; validation is then split
+    off the training files, testing falls back to validation) and the kind of its labels. Constructing reads
+    nothing: the training split is scanned and checked when first asked for (the data -> model links do).
 
-    Every image is converted to RGB (grayscale, RGBA and palette images too), its shorter side resized to
-    `image_size` and centre-cropped. With `cache: true` (default) this happens once: the images land in a
-    memory-mapped uint8 file in `cache_dir`, rebuilt only when files are added, removed or changed, and
-    batches are gathered from it like from CIFAR's in-memory tensor. `cache: false` decodes every image in
-    the loader workers each epoch (for datasets too large for the disk cache).
+    Every image is converted to RGB, its shorter side resized to `image_size` and centre-cropped: with `cache`
+    once, into a memory-mapped uint8 file rebuilt when files change, gathered like CIFAR's in-memory tensor;
+    without, in the loader workers every epoch (for data too large for the disk cache).
 
     Args:
-        source: Where the files and their labels are (`ClassFolders`, `CSVLabels`, or one of your own).
+        source: Where the files and their labels are (`ClassFolders`, a registered source, or one of your own).
         image_size: Side of the square images the network sees (at most 8192).
         val_fraction: Fraction of each class held out for validation when the source has no validation split.
         cache: Decode once into the memory-mapped cache (fast) instead of every epoch.
         cache_dir: Where the cache lives. Default: `$XDG_CACHE_HOME/project/images` (`~/.cache/...`).
         skip_corrupt: Leave unreadable image files out with a warning instead of stopping with an error.
-        max_image_pixels: Largest width x height decoded; a larger image (a decompression bomb, say) counts as
-            unreadable.
+        max_image_pixels: Largest width x height decoded; a larger image (a decompression bomb) is unreadable.
         mean: Per-channel mean in [0, 1]; default: computed once over the training images (and cached).
         std: Per-channel std in [0, 1]; default: computed with the mean.
-        predict_root: A folder of unlabeled images (any depth) for `predict`; default: the test split if there
-            is one, else the validation split.
-        cache_size: Side of the squares cached (and decoded, without the cache), when larger than `image_size`:
-            each batch is then resized to `image_size` on the device, or cropped from it by `crop_scale`. The
-            cache takes N x 3 x cache_size^2 bytes. Default: `image_size`.
-        source_scale: The side of those squares as a multiple of `image_size` instead (1.5: 96 px at 64, 144 at
-            96), so that a recipe's source grows with its input; give it or `cache_size`, not both.
-        num_folds: Split the training images into this many stratified folds (seeded by `seed`: by class, by
-            quantile bins of values, keeping every tag's share) instead of a validation split, for `python -m
-            project cv`. Default: no folds.
-        fold: The fold that validates (0 to num_folds - 1); the other folds train.
+        predict_root: A folder of unlabeled images (any depth) for `predict`; default: test, else validation.
+        cache_size: Side of the squares cached (or decoded), when larger than `image_size`: batches are resized
+            (or cropped, by `crop_scale`) to `image_size` on the device. Default: `image_size`.
+        source_scale: That side as a multiple of `image_size` instead (1.5: 96 px at 64), so a recipe's source
+            grows with its input; give it or `cache_size`, not both.
+        split: Which training images validate when the source has no validation split (a `ValidationSplit`,
+            seeded by `seed`). Default: a stratified hold-out of `val_fraction`.
         **kwargs: The loader and augmentation settings of `ImageDataModule` (batch_size, num_workers, ...).
     """
 
@@ -99,8 +85,7 @@ class ImageFilesDataModule(ImageDataModule):
         predict_root: str | None = None,
         cache_size: int | None = None,
         source_scale: float | None = None,
-        num_folds: int | None = None,
-        fold: int = 0,
+        split: ValidationSplit | None = None,
         **kwargs: Any,
     ) -> None:
         if not 1 <= image_size <= MAX_IMAGE_SIZE:  # before crop_padding, which defaults to a share of it
@@ -126,7 +111,7 @@ class ImageFilesDataModule(ImageDataModule):
             )
         super().__init__(**kwargs)
         self.source = source
-        self.folds = Folds.of(num_folds, fold)
+        self.split = split
         self.image_size = image_size
         #: The side of the images stored (and read): the network's input, or the larger source it is cut from.
         self.source_size: int = cache_size or image_size
@@ -146,7 +131,7 @@ class ImageFilesDataModule(ImageDataModule):
 
     def _check(self, train: LabelledFiles) -> None:
         """What the training split's scan decides, checked once, before anything is built from it: the label
-        names, the other splits' labels against training's, the validation split and the folds."""
+        names, the other splits' labels against training's, and the validation split."""
         counts = self.targets.counts(train.labels)
         if counts is not None:  # names that group images (classes, tags), not the names of values
             check_class_names(train.classes, counts, self.source.labels_source(), self.targets.noun)
@@ -157,10 +142,10 @@ class ImageFilesDataModule(ImageDataModule):
                 "data.val_fraction must be in (0, 1) when the data has no validation split, got "
                 f"{self.val_fraction}"
             )
-        if self.folds is not None:
+        if self.split is not None:
             if has_val:
-                raise UserError(self.source.folds_with_val_split(self.folds.count))
-            self.folds.check(train.labels, self.targets)
+                raise UserError(self.source.split_with_val_split(self.split))
+            self.split.check(train.labels, self.targets)
 
     # -- what the model needs to know ----------------------------------------------------------------------------
     @property
@@ -177,7 +162,7 @@ class ImageFilesDataModule(ImageDataModule):
 
     @property
     def train_files(self) -> list[str]:
-        """The training split's files (before any validation split or fold), in the order of its labels."""
+        """The training split's files (before any validation split), in the order of its labels."""
         return self.scanned("train").files
 
     @property
@@ -187,20 +172,11 @@ class ImageFilesDataModule(ImageDataModule):
 
     @property
     def train_targets(self) -> torch.Tensor:
-        """The encoded targets of the part that trains (after the validation split or fold): what a task
+        """The encoded targets of the part that trains (after the validation split): what a task
         derives its loss's weights or scale from."""
         labels = self.train_labels
         rows = range(len(labels)) if self.has_split("val") else self._split()[0]
         return self.targets.encode([labels[i] for i in rows])
-
-    @property
-    def train_tag_counts(self) -> tuple[int, list[int]] | None:
-        """(images, positives per tag) of the part that trains, for a multi-label task's balanced loss weights;
-        None for other targets."""
-        if not isinstance(self.targets, Tags):
-            return None
-        targets = self.train_targets
-        return len(targets), targets.sum(0).long().tolist()
 
     # -- building the splits --------------------------------------------------------------------------------
     def scanned(self, split: str) -> Any:
@@ -291,48 +267,9 @@ class ImageFilesDataModule(ImageDataModule):
         return drop_bad(indices, bad, files, self.skip_corrupt)
 
     def _split(self) -> tuple[list[int], list[int]]:
-        """Stratified, seeded split of the training files: (train indices, val indices). A UserError when no
-        image is left to validate on."""
-        labels = self.scanned("train").labels
-        if self.folds is not None:
-            return self.folds.split(labels, self.seed, self.targets)
-        strata = self.targets.strata(labels)
-        if strata is None:  # tag sets
-            train_idx, val_idx = iterative_stratification(
-                labels, [1 - self.val_fraction, self.val_fraction], self.seed
-            )
-        else:
-            train_idx, val_idx = self._class_split(strata)
-        if not val_idx:
-            noun = self.targets.noun
-            why, change = (
-                (
-                    f" and a {noun} with one image keeps it for training",
-                    f"give every {noun} two images or more",
-                )
-                if strata is not None and self.targets.counts(labels) is not None
-                else ("", "raise data.val_fraction")
-            )
-            raise UserError(
-                f"data.val_fraction={self.val_fraction} leaves no image to validate on: the training split has "
-                f"{len(labels)} image(s){why}. Add images ({change}), or give the data a validation split of its "
-                "own (a val folder, or data.val_csv)"
-            )
-        return train_idx, val_idx
-
-    def _class_split(self, strata: list[int]) -> tuple[list[int], list[int]]:
-        """`val_fraction` of each stratum (a class, a bin of values: at least one, never all) for validation,
-        drawn by `seed`."""
-        g = torch.Generator().manual_seed(self.seed)
-        label_array = np.asarray(strata)  # numpy's masks: torch.nonzero is far slower on CPU
-        train_idx, val_idx = [], []
-        for c in range(max(strata, default=-1) + 1):
-            idx = np.flatnonzero(label_array == c)
-            idx = idx[torch.randperm(len(idx), generator=g).numpy()].tolist()
-            n_val = min(len(idx) - 1, max(1, round(self.val_fraction * len(idx)))) if len(idx) > 1 else 0
-            val_idx += idx[:n_val]
-            train_idx += idx[n_val:]
-        return sorted(train_idx), sorted(val_idx)
+        """(train indices, val indices) of the training files: `split`'s, or the hold-out of `val_fraction`."""
+        split = self.split or HoldOut(self.val_fraction)
+        return split.split(self.scanned("train").labels, self.seed, self.targets)
 
     def setup(self, stage: str) -> None:
         if self.train_set is None:
@@ -349,7 +286,7 @@ class ImageFilesDataModule(ImageDataModule):
                 warn(
                     "the data has no test split: testing on the validation split, which chose the best "
                     "checkpoint; for a held-out score give it a test split (root/test/<class>/ beside "
-                    "root/train/, or data.test_csv)"
+                    "root/train/)"
                 )
                 self.test_set, self.tested_split = self.val_set, "validation"
         if stage == "predict" and self.predict_set is None:

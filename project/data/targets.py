@@ -1,35 +1,25 @@
-"""Kinds of target: what one image's label is, and everything that follows from that.
+"""Kinds of target: what one image's label is, and everything that follows from it.
 
-A source says the kind of its labels (a DataModule's `targets`); a task says the kinds it accepts
-(`ImageTask.accepts`). Everything else that used to ask "is it multi-label?" asks the kind instead:
-
-- how labels are encoded for training (`encode`: int64 class indices, float32 multi-hot rows, float32 values)
-  and stored by `prepare` (`stored`);
-- what stratifies validation splits and folds (`strata`: the class; a value's quantile bin; for tags none, so
-  tag sets are dealt by iterative stratification) and what each name counts (`counts`, for the label checks);
-- how MixUp/CutMix mix two targets (`mixable`: the rows that are interpolated);
-- the headline metric a task monitors (`metric`, `mode`) and how a split is scored from its outputs (`score`,
-  `per_name`: cv's evaluation and its report);
-- how many network outputs the kind implies (`outputs`) and what a checkpoint records for deployment
-  (`output_spec`, read by `project.export.decoding`) and for its data's identity (`kind`).
-
-A new kind is one class here, added to `KINDS`, and a task that accepts it.
+A source says the kind of its labels (a DataModule's `targets`), a task the kinds it accepts (`ImageTask.accepts`),
+and everything else asks the kind: how labels are encoded (`encode`) and stored by `prepare` (`stored`), what
+stratifies validation splits and folds (`strata`, or `deal`), what MixUp interpolates (`mixable`), the metric a task
+monitors and how a split is scored (`metric`, `score`, `per_name`), the outputs a network needs (`outputs`), what a
+checkpoint records of them (`output_spec`) and how deployment and the dashboard read them (`decoder`,
+`dashboard_panels`). `Classes` is the core's; a part adds a kind by registering it (`target_kinds`: project.registry).
 """
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, TypeVar
 
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 
 #: One image's label: its class index; the indices of its tags (maybe none); or its real values.
 Label = int | tuple[int, ...] | tuple[float, ...]
-
-#: At most this many quantile bins stratify a split of real values, and at least this many images fill one.
-VALUE_BINS, IMAGES_PER_BIN = 10, 5
+Array = TypeVar("Array", np.ndarray, Tensor)
 
 
 @dataclass(frozen=True)
@@ -49,6 +39,11 @@ class TargetKind:
     per_name_metric: ClassVar[str]
     per_name_words: ClassVar[str]
 
+    @classmethod
+    def example(cls) -> tuple["TargetKind", list[Any]]:
+        """The kind over a few names, and 20 images' labels: what the contract suite checks it on."""
+        raise NotImplementedError
+
     @property
     def outputs(self) -> int:
         """The network outputs the kind implies: one per name."""
@@ -67,7 +62,11 @@ class TargetKind:
         return None
 
     def strata(self, labels: Sequence[Any]) -> list[int] | None:
-        """Each image's stratum for splits and folds; None: deal tag sets by iterative stratification."""
+        """Each image's stratum for splits and folds; None: the kind deals its images itself (`deal`)."""
+        raise NotImplementedError
+
+    def deal(self, labels: Sequence[Any], proportions: Sequence[float], seed: int) -> list[list[int]]:
+        """The images dealt into parts of `proportions` (summing to 1), for a kind without strata."""
         raise NotImplementedError
 
     def mixable(self, targets: Tensor) -> Tensor:
@@ -83,18 +82,16 @@ class TargetKind:
         raise NotImplementedError
 
     def output_spec(self) -> dict[str, Any]:
-        """What a checkpoint records of the outputs, for export and serving (`project.export.decoding`)."""
+        """What a checkpoint records of the outputs (its `task` entry, with `kind` unless one class per image)."""
         raise NotImplementedError
 
+    def decoder(self, spec: Mapping[str, Any]) -> Any:
+        """How export and serving read the outputs a task record `spec` describes (see `OneClass`)."""
+        raise NotImplementedError
 
-def _count(labels: Sequence[Any], names: int, each: bool) -> list[int]:
-    counts = np.zeros(names, dtype=np.int64)
-    if each:
-        for tags in labels:
-            counts[list(tags)] += 1
-    elif len(labels):
-        counts += np.bincount(np.asarray(labels, dtype=np.int64), minlength=names)
-    return counts.tolist()
+    def dashboard_panels(self, worst_k: int) -> Any:
+        """The W&B panels of a validation of this kind (see the tags' `TagPanels`); None: those of classes."""
+        return None
 
 
 @dataclass(frozen=True)
@@ -109,6 +106,10 @@ class Classes(TargetKind):
     per_name_metric: ClassVar[str] = "acc"
     per_name_words: ClassVar[str] = "accuracy"
 
+    @classmethod
+    def example(cls) -> tuple["Classes", list[Any]]:
+        return cls(("cat", "dog", "fox")), [i % 3 for i in range(20)]
+
     def encode(self, labels: Sequence[Any]) -> Tensor:
         return torch.as_tensor(labels, dtype=torch.long)
 
@@ -116,7 +117,7 @@ class Classes(TargetKind):
         return int(label)
 
     def counts(self, labels: Sequence[Any]) -> list[int] | None:
-        return _count(labels, len(self.names), each=False)
+        return np.bincount(np.asarray(labels, dtype=np.int64), minlength=len(self.names)).tolist()
 
     def strata(self, labels: Sequence[Any]) -> list[int] | None:
         return list(labels)
@@ -138,119 +139,75 @@ class Classes(TargetKind):
     def output_spec(self) -> dict[str, Any]:
         return {"outputs": "logits", "decode": "softmax, then the most probable class"}
 
+    def decoder(self, spec: Mapping[str, Any]) -> "OneClass":
+        return OneClass(self.names, spec.get("outputs", "logits") == "logits")
+
 
 @dataclass(frozen=True)
-class Tags(TargetKind):
-    """Any number of tags per image: float32 multi-hot rows (N, tags); MixUp mixes the rows."""
+class OneClass:
+    """How deployment (export, serving) reads a classifier's outputs (`TargetKind.decoder`): softmax, then the
+    most probable class; `logits` false: they are probabilities already."""
 
-    kind: ClassVar[str] = "tags"
-    noun: ClassVar[str] = "tag"
-    described: ClassVar[str] = "a set of tags per image"
-    metric: ClassVar[str] = "map"
-    mode: ClassVar[Literal["min", "max"]] = "max"
-    per_name_metric: ClassVar[str] = "ap"
-    per_name_words: ClassVar[str] = "average precision"
+    names: tuple[str, ...]
+    logits: bool = True
+    quality: ClassVar[str] = "accuracy"
+    agrees: ClassVar[str] = "top-1 agrees with FP32"
+    quality_note: ClassVar[str] = "Accuracy: top-1"
+    output_name: ClassVar[str] = "logits"
 
-    def encode(self, labels: Sequence[Any]) -> Tensor:
-        targets = torch.zeros(len(labels), len(self.names), dtype=torch.float32)
-        for row, tags in enumerate(labels):
-            targets[row, list(tags)] = 1.0
-        return targets
+    def deployable(self, net: nn.Module) -> nn.Module:
+        return net
 
-    def stored(self, label: Any) -> Any:
-        row = np.zeros(len(self.names), dtype=np.uint8)
-        row[list(label)] = 1
-        return row
+    def exported(self, spec: dict[str, Any]) -> dict[str, Any]:
+        return spec
 
-    def counts(self, labels: Sequence[Any]) -> list[int] | None:
-        return _count(labels, len(self.names), each=True)
+    def probabilities(self, outputs: Array) -> Array:
+        if not self.logits:
+            return outputs
+        if isinstance(outputs, Tensor):
+            return outputs.float().softmax(dim=-1)
+        z = outputs.astype(np.float64)  # stably, in float64
+        z = np.exp(z - z.max(axis=1, keepdims=True))
+        return z / z.sum(axis=1, keepdims=True)
 
-    def strata(self, labels: Sequence[Any]) -> list[int] | None:
-        return None
+    def csv_header(self) -> list[str]:
+        return ["class_index", "class_name", "probability"]
 
-    def score(self, outputs: Tensor, targets: Tensor) -> float:
-        """Macro mean average precision over the tags (exact, not binned)."""
-        from torchmetrics.functional.classification import multilabel_average_precision
+    def csv_row(self, probs: np.ndarray) -> list[Any]:
+        index = int(probs.argmax())
+        return [index, self.names[index], f"{probs[index]:.6f}"]
 
-        return float(multilabel_average_precision(outputs, targets.long(), len(self.names), average="macro"))
-
-    def per_name(self, outputs: Tensor, targets: Tensor) -> dict[str, float | None]:
-        from torchmetrics.functional.classification import multilabel_average_precision
-
-        ap = multilabel_average_precision(outputs, targets.long(), len(self.names), average=None)
-        present = targets.sum(0) > 0
-        return {name: float(ap[i]) if bool(present[i]) else None for i, name in enumerate(self.names)}
-
-    def output_spec(self) -> dict[str, Any]:
-        return {
-            "kind": "tags",
-            "outputs": "logits",
-            "decode": "sigmoid, then every tag whose probability reaches its threshold",
+    def answer(self, probs: np.ndarray, top_k: int = 1) -> dict[str, Any]:
+        index = int(probs.argmax())
+        answer: dict[str, Any] = {
+            "class_name": self.names[index],
+            "class_index": index,
+            "probability": float(probs[index]),
         }
+        if top_k > 1:
+            top = np.argsort(-probs)[:top_k]
+            answer["top_k"] = [{"class_name": self.names[i], "probability": float(probs[i])} for i in top]
+        return answer
 
+    def describe(self) -> dict[str, Any]:
+        return {}
 
-@dataclass(frozen=True)
-class Values(TargetKind):
-    """Real values per image (regression): float32 rows (N, values); MixUp mixes the values themselves."""
+    def reduce(self, outputs: np.ndarray) -> np.ndarray:
+        return outputs.argmax(axis=1)  # the top-1 class: softmax keeps the order
 
-    kind: ClassVar[str] = "values"
-    noun: ClassVar[str] = "value"
-    described: ClassVar[str] = "real values per image"
-    metric: ClassVar[str] = "mae"
-    mode: ClassVar[Literal["min", "max"]] = "min"
-    per_name_metric: ClassVar[str] = "mae"
-    per_name_words: ClassVar[str] = "mean absolute error"
+    def score(self, reduced: np.ndarray, targets: np.ndarray) -> float:
+        return float((reduced == targets).mean())
 
-    @staticmethod
-    def read(cell: str) -> float:
-        """A label cell as a real value; a ValueError saying why for text that is not a finite number."""
-        if not cell.strip():
-            raise ValueError("is empty")
-        try:
-            value = float(cell)
-        except ValueError:
-            raise ValueError("is not a number") from None
-        if not np.isfinite(value):
-            raise ValueError("is not a finite number")
-        return value
-
-    def encode(self, labels: Sequence[Any]) -> Tensor:
-        return torch.tensor(labels, dtype=torch.float32).reshape(len(labels), len(self.names))
-
-    def stored(self, label: Any) -> Any:
-        return np.asarray(label, dtype=np.float32).reshape(len(self.names))
-
-    def strata(self, labels: Sequence[Any]) -> list[int] | None:
-        """The quantile bin of each image's first value (ties broken by position): a split keeps the spread of
-        values, as a class split keeps each class's share."""
-        if not len(labels):
-            return []
-        first = np.asarray([label[0] for label in labels], dtype=np.float64)
-        bins = max(1, min(VALUE_BINS, len(first) // IMAGES_PER_BIN))
-        ranks = np.empty(len(first), dtype=np.int64)
-        ranks[np.argsort(first, kind="stable")] = np.arange(len(first))
-        return (ranks * bins // len(first)).tolist()
-
-    def score(self, outputs: Tensor, targets: Tensor) -> float:
-        """Mean absolute error over every value."""
-        return float((outputs.double() - targets.double()).abs().mean())
-
-    def per_name(self, outputs: Tensor, targets: Tensor) -> dict[str, float | None]:
-        errors = (outputs.double() - targets.double()).abs().reshape(len(targets), -1)
-        if not len(errors):
-            return dict.fromkeys(self.names)
-        return {name: float(errors[:, i].mean()) for i, name in enumerate(self.names)}
-
-    def output_spec(self) -> dict[str, Any]:
-        return {"kind": "values", "outputs": "values", "decode": "the outputs are the values"}
-
-
-#: Every kind by its recorded name.
-KINDS: dict[str, type[TargetKind]] = {kind.kind: kind for kind in (Classes, Tags, Values)}
+    def agreement(self, reduced: np.ndarray, reference: np.ndarray) -> float:
+        return float((reduced == reference).mean())
 
 
 def kind_named(name: str, names: Sequence[str]) -> TargetKind:
-    """The kind recorded as `name` (a checkpoint's or a prepared dataset's), over `names`."""
-    if name not in KINDS:
-        raise ValueError(f"unknown kind of target {name!r}; known: {', '.join(KINDS)}")
-    return KINDS[name](tuple(names))
+    """The kind recorded as `name` (a checkpoint's or a prepared dataset's), over `names`: one that a package
+    present registers (project.registry)."""
+    from project.registry import load, registered
+
+    if name not in registered("target_kinds"):
+        known = ", ".join(registered("target_kinds"))
+        raise ValueError(f"unknown kind of target {name!r}; known: {known}")
+    return load("target_kinds", name)(tuple(names))

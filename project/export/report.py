@@ -18,7 +18,8 @@ from typing import Any
 import numpy as np
 
 from project.atomic_files import atomic_write_text
-from project.export.decoding import Decoder, OneClass
+from project.data.targets import OneClass
+from project.export.decoding import Decoder
 from project.export.runtimes import Runtime
 from project.machine import available_cpus
 

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from project.errors import UserError
+from project.registry import load, registered
 
 KEY = "data_identity"
 SHOWN = 12  # names listed in a message before "..."
@@ -31,8 +32,10 @@ def recorded_names(checkpoint: dict[str, Any]) -> tuple[str, list[str]] | None:
         return str(record.get("kind") or "classes"), [str(n) for n in record["names"]]
     task = checkpoint.get("task")
     if isinstance(task, dict) and isinstance(task.get("names"), list) and task["names"]:
-        kind = "tags" if task.get("task") == "MultiLabelClassifier" else "classes"
-        return kind, [str(n) for n in task["names"]]
+        # Recorded before the data recorded its kind: the task's record says it, or the task (the first it accepts).
+        name = task.get("task")
+        accepted = load("tasks", name).accepts[0].kind if name in registered("tasks") else "classes"
+        return str(task.get("kind") or accepted), [str(n) for n in task["names"]]
     return None
 
 

@@ -140,7 +140,7 @@ def prepare(
         chunk_bytes: Size of litdata's chunks (the unit each worker downloads and reads), e.g. 64MB.
         num_workers: Parallel encoding processes; default: one per available CPU.
         num_folds: Stratified folds of the training split recorded for `python -m project cv` (seeded by the
-            source's data.seed; the DataModule's data.num_folds must match); null records none.
+            source's data.seed; the split of `cv` must have as many); null records none.
         overwrite: Replace a dataset prepare made in output_dir, all at once when the new one is complete (a
             folder holding anything else is refused all the same).
         fit_args: The `--config` file(s) and `--data.*` flags that name the source, read as `fit` reads them

@@ -16,8 +16,8 @@ import torch
 from PIL import Image
 
 from project.data.datamodule import LabelledSplits
-from project.data.folds import check_class_counts, make_folds
 from project.data.image_reading import _high_depth_to_8bit, decode_image, open_image
+from project.data.splits import check_parts, stratified_parts
 from project.errors import UserError, warn
 
 #: Training images the mean and std are computed over (an even spread of the split), at most.
@@ -27,10 +27,10 @@ STATS_SAMPLES = 2000
 def read_source(data: Any) -> LabelledSplits:
     """The samples of a DataModule built from the source's config, split by split (any DataModule whose
     `labelled_splits` lists them: class folders, CSVs, CIFAR, a user's own)."""
-    if (folds := getattr(data, "folds", None)) is not None:
+    if (split := getattr(data, "split", None)) is not None:
         raise UserError(
-            f"data.num_folds={folds.count}: prepare stores the whole training split and records its folds "
-            "itself (--num_folds); drop data.num_folds"
+            f"data.split {split}: prepare stores the whole training split and records its folds itself "
+            "(--num_folds); drop data.split"
         )
     return data.labelled_splits()
 
@@ -93,7 +93,7 @@ def fold_order(source: LabelledSplits, num_folds: int | None) -> tuple[list[int]
     """The order the training split is stored in, and the sizes of its folds (None without folds).
 
     With `num_folds`, the training images are dealt into stratified folds seeded by the source's data.seed
-    (as `data.num_folds` does for the other DataModules) and stored fold after fold, so that each fold is a
+    (as cross-validation's split does for the other DataModules) and stored fold after fold, so that each fold is a
     contiguous range of the split: the DataModule reads a fold, or all but one, as ranges. Within a fold, and
     without folds, the order is a seeded shuffle, so that no chunk holds one class only. A class with fewer
     images than folds leaves the folds out, with a warning."""
@@ -103,11 +103,11 @@ def fold_order(source: LabelledSplits, num_folds: int | None) -> tuple[list[int]
         if num_folds < 2:
             raise UserError(f"--num_folds must be at least 2 (or null for no folds), got {num_folds}")
         try:
-            check_class_counts(labels, num_folds, source.targets)
+            check_parts(labels, num_folds, source.targets, "--num_folds")
         except UserError as e:
             warn(f"no folds recorded ({e}); prepare again with a smaller --num_folds to cross-validate")
         else:
-            folds = make_folds(labels, num_folds, source.seed, source.targets)
+            folds = stratified_parts(labels, num_folds, source.seed, source.targets)
     generator = torch.Generator().manual_seed(source.seed)
     order: list[int] = []
     for part in folds if folds is not None else [list(range(len(labels)))]:

@@ -16,9 +16,9 @@ from torch import Tensor
 from torch.utils.data import DataLoader, IterableDataset
 
 from project.data.datamodule import ImageDataModule
-from project.data.folds import Folds
 from project.data.image_reading import MAX_IMAGE_PIXELS, decode_image
 from project.data.samplers import run_seed
+from project.data.splits import ValidationSplit
 from project.data.targets import TargetKind, kind_named
 from project.errors import UserError, warn
 from project.streaming.metadata import METADATA, read_metadata
@@ -120,9 +120,8 @@ class StreamingImageDataModule(ImageDataModule):
         cache_dir: Where chunks downloaded from a URL are kept; default: litdata's own cache folder.
         max_cache_size: Most disk the downloaded chunks may take (e.g. "50GB"); older chunks are evicted.
         predict_split: The split `predict` reads (`test`, `val` or `train`); default: test, else val.
-        num_folds: Cross-validate over the folds `prepare --num_folds` recorded (for `python -m project cv`):
-            it must be the number recorded. Default: no folds.
-        fold: The fold of the training split that validates (0 to num_folds - 1); the others train.
+        split: Which rows of the stored training split validate, from the parts `prepare --num_folds` recorded
+            (cross-validation's folds). Default: the stored validation split.
         **kwargs: The loader and augmentation settings of `ImageDataModule` (batch_size, num_workers, ...).
     """
 
@@ -134,8 +133,7 @@ class StreamingImageDataModule(ImageDataModule):
         cache_dir: str | None = None,
         max_cache_size: str = "100GB",
         predict_split: str | None = None,
-        num_folds: int | None = None,
-        fold: int = 0,
+        split: ValidationSplit | None = None,
         **kwargs: Any,
     ) -> None:
         if image_size < 1:
@@ -143,7 +141,7 @@ class StreamingImageDataModule(ImageDataModule):
         if decode_size is not None and decode_size < image_size:
             raise UserError(f"data.decode_size must be at least image_size={image_size}, got {decode_size}")
         super().__init__(**kwargs)
-        self.folds = Folds.of(num_folds, fold)
+        self.split = split
         self.input_dir = input_dir if "://" in input_dir else str(Path(input_dir).expanduser())
         self.image_size = image_size
         self.source_size: int = decode_size or image_size
@@ -164,14 +162,10 @@ class StreamingImageDataModule(ImageDataModule):
                     f"data.predict_split {self._predict_split!r} is not a split of {self.input_dir} "
                     f"({', '.join(splits)})"
                 )
-            folds = meta.get("folds")
-            count = None if self.folds is None else self.folds.count
-            if count is not None and (not folds or len(folds["sizes"]) != count):
-                recorded = f"with {len(folds['sizes'])} folds" if folds else "without folds"
-                raise UserError(
-                    f"data.num_folds={count}: {self.input_dir} was prepared {recorded}; prepare it "
-                    f"again with --num_folds {count}, or set data.num_folds to the number recorded"
-                )
+            if (
+                self.split is not None
+            ):  # refused now, before anything is built, if it cannot divide what is stored
+                self.split.stored_rows((meta.get("folds") or {}).get("sizes"), self.input_dir)
             if not self._given_stats:  # (a pretrained network's own stats stay)
                 self.mean, self.std = tuple(meta["mean"]), tuple(meta["std"])
             self._meta = meta
@@ -236,12 +230,14 @@ class StreamingImageDataModule(ImageDataModule):
         for notice in LOADER_NOTICES:
             warnings.filterwarnings("ignore", message=notice)
         self._check_every_process_gets_a_batch(stage)
-        if self.train_set is None and self.folds is None:
+        if self.train_set is None and self.split is None:
             self.train_set = self._dataset("train", train=True)
             self.val_set = self._dataset("val")
-        elif self.train_set is None:  # fold `fold` of the training split validates, the others train
-            assert self.folds is not None
-            train_rows, val_rows = self.folds.stored_rows(self.meta["folds"]["sizes"])
+        elif (
+            self.train_set is None
+        ):  # the split's rows of the stored training split validate, the others train
+            assert self.split is not None
+            train_rows, val_rows = self.split.stored_rows(self.meta["folds"]["sizes"], self.input_dir)
             self.train_set = self._dataset("train", train=True).subset(train_rows)
             self.val_set = self._dataset("train").subset(val_rows)
         if stage == "test" and self.test_set is None:
@@ -270,7 +266,7 @@ class StreamingImageDataModule(ImageDataModule):
         processes = self._world()[0]
         splits = {"fit": ["train", "val"], "validate": ["val"], "test": ["test" if "test" in self.meta["splits"]
                   else "val"], "predict": [self.predict_split]}.get(stage, [])  # fmt: skip
-        for split in splits if processes > 1 and self.folds is None else []:
+        for split in splits if processes > 1 and self.split is None else []:
             count = self.meta["splits"][split]
             if count < processes * self.batch_size:
                 raise UserError(

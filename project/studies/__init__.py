@@ -13,5 +13,6 @@ REGISTER = {
     "commands": {
         "cv": (".cv:main", "k-fold cross-validation: one fit per fold, then the table"),
         "tune": (".tune:main", "hyperparameter search with Optuna: one fit per trial"),
-    }
+    },
+    "splits": {"KFold": ".folds"},
 }

@@ -1,6 +1,6 @@
 """`python -m project cv`: k-fold cross-validation, each fold an ordinary `fit` in its own folder.
 
-Folds run one after another as `python -m project fit <your flags> --data.num_folds K --data.fold k` in
+Folds run one after another as `python -m project fit <your flags> --data.split <KFold: K folds, fold k>` in
 `<trainer.default_root_dir>/cv/<name>/fold_<k>/`, each with `--ckpt_path last`: a killed study, rerun with
 the same command, skips the folds whose `fold_result.json` exists and resumes the interrupted one from its
 `last.ckpt`. A fold's result is its best checkpoint (the run's `checkpoint.monitor`, `val/acc` by default)
@@ -48,6 +48,7 @@ from project.studies.cv_results import (
     summarize,
     test_ensemble_result,
 )
+from project.studies.folds import KFold
 from project.studies.runner import (
     check_produces_metric,
     claim_folder,
@@ -152,13 +153,10 @@ def cv(
         wandb_project: W&B project of that run.
     """
     to_run = fold_numbers(folds, folds_to_run)
-    fold_flags = ["--data.num_folds", str(folds), "--data.fold"]
     parser, config = parse_fit_args(fit_args)
-    if "num_folds" not in config.data.get("init_args", {}):
-        raise UserError(
-            f"{config.data.class_path} has no num_folds/fold arguments: it cannot be cross-validated"
-        )
-    _, config = parse_fit_args([*fit_args, *fold_flags, "0"])
+    if "split" not in config.data.get("init_args", {}):
+        raise UserError(f"{config.data.class_path} has no split argument: it cannot be cross-validated")
+    _, config = parse_fit_args([*fit_args, *fold_flags(folds, 0)])
     from project.cli.config import build_datamodule, task_class
 
     task = task_class(config.model.class_path)
@@ -197,7 +195,7 @@ def cv(
                 # A fold with a checkpoint continues its run; a new one starts (`--ckpt_path last` would say so).
                 resume = any(fold_dir.rglob("*.ckpt"))
                 hint = f"rerun the same cv command to continue: fold {k} resumes from its last.ckpt"
-                fit_args_k = [*fit_args, *fold_flags, str(k)]
+                fit_args_k = [*fit_args, *fold_flags(folds, k)]
                 run_fit(fit_args_k, fold_dir, f"fold {k} of {folds}", env, resume=resume, continue_hint=hint)
                 result = fold_result(fold_dir, k)
                 atomic_write_text(
@@ -233,6 +231,12 @@ def cv(
         )
         print(f"W&B run: {run_dir}")
     return payload
+
+
+def fold_flags(folds: int, fold: int) -> list[str]:
+    """The flags that make a fit fold `fold` of `folds`: its data's split, `KFold`."""
+    split = {"class_path": KFold.__module__ + ".KFold", "init_args": {"num_folds": folds, "fold": fold}}
+    return ["--data.split", json.dumps(split)]
 
 
 def parse_args(args: list[str]) -> dict:

@@ -8,8 +8,9 @@ from typing import Any
 
 import torch
 
-from project.data.targets import KINDS, TargetKind
+from project.data.targets import TargetKind
 from project.errors import UserError
+from project.registry import load
 from project.studies.evaluate import Evaluation, evaluate, load_best
 from project.studies.tables import markdown_table
 
@@ -19,7 +20,7 @@ RESULT_FILE = "fold_result.json"
 def kind_of(results: list[dict[str, Any]]) -> type[TargetKind]:
     """The kind of target the folds were scored on (results written before it was recorded: by their metric)."""
     recorded = results[0].get("kind") or ("tags" if "val/map" in results[0] else "classes")
-    return KINDS[recorded]
+    return load("target_kinds", recorded)
 
 
 def metrics_of(results: list[dict[str, Any]]) -> tuple[str, str]:

@@ -1,8 +1,9 @@
 """LightningModules, one per task: the optimisation logic around an injected network (`task.ImageTask`)."""
 
 from project.tasks.image_classifier import ImageClassifier
-from project.tasks.image_regressor import ImageRegressor
-from project.tasks.multilabel_classifier import MultiLabelClassifier
 from project.tasks.task import ImageTask
 
-__all__ = ["ImageClassifier", "ImageRegressor", "ImageTask", "MultiLabelClassifier"]
+__all__ = ["ImageClassifier", "ImageTask"]
+
+#: What this package adds to the core's seams (project.registry reads it without importing the package).
+REGISTER = {"tasks": {"ImageClassifier": ".image_classifier"}}

@@ -7,13 +7,14 @@ from torch import Tensor, nn
 
 from project.data.targets import TargetKind
 from project.errors import UserError
+from project.registry import load_all
 
 
 class Task(Protocol):
     """What the checks read of a task (an `ImageTask`)."""
 
     accepts: ClassVar[tuple[type[TargetKind], ...]]
-    example_config: ClassVar[str]
+    example_config: ClassVar[str | None]
     net: nn.Module
 
     @property
@@ -31,10 +32,11 @@ def check_task_fits_data(task: Task, datamodule: Any) -> None:
     if not isinstance(kind, TargetKind) or isinstance(kind, task.accepts):
         return
     takes = " or ".join(accepted.described for accepted in task.accepts)
-    shipped = [t for t in shipped_tasks(type(task)) if isinstance(kind, t.accepts)]
-    package = __name__.rpartition(".")[0]
+    # The tasks the packages present register (project.registry), a config names them by their class name.
+    shipped = [t for t in load_all("tasks").values() if isinstance(kind, t.accepts)]
+    example = f" (as {shipped[0].example_config} does)" if shipped and shipped[0].example_config else ""
     todo = (
-        f"train it with --model {package}.{shipped[0].__name__} (as {shipped[0].example_config} does)"
+        f"train it with --model {shipped[0].__name__}{example}"
         if shipped
         else "no task here takes them: write one (README, Add a task)"
     )
@@ -42,20 +44,6 @@ def check_task_fits_data(task: Task, datamodule: Any) -> None:
         f"the data ({type(datamodule).__name__}) gives {kind.described} but model {type(task).__name__} takes "
         f"{takes}: {todo}"
     )
-
-
-def shipped_tasks(task: type[Task]) -> list[type[Task]]:
-    """The tasks of this package (those its `tasks` package imports), in the order they were defined: the
-    subclasses of the base every task shares, the first of `task`'s classes to say what it `accepts`."""
-    base = [cls for cls in task.__mro__ if "accepts" in vars(cls)][-1]
-    package = __name__.rpartition(".")[0]
-    found, todo = [], list(base.__subclasses__())
-    while todo:
-        task = todo.pop(0)
-        todo += task.__subclasses__()
-        if task.__module__.startswith(f"{package}.") and task not in found:
-            found.append(task)
-    return found
 
 
 def check_network_outputs(task: Task, outputs: Tensor) -> None:

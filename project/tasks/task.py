@@ -87,8 +87,8 @@ class ImageTask(L.LightningModule):
     prediction_header: ClassVar[tuple[str, ...]] = ()
     #: The kinds of target the task trains on; the data's must be one of them (`check_task_fits_data`).
     accepts: ClassVar[tuple[type[TargetKind], ...]] = (Classes,)
-    #: A shipped config that trains the task on a CSV, for the message that points a mismatched run to it.
-    example_config: ClassVar[str] = "configs/csv.yaml"
+    #: A shipped config that trains the task, for the message that points a mismatched run to it (None: none).
+    example_config: ClassVar[str | None] = "configs/folder.yaml"
 
     def __init__(
         self,

@@ -1,53 +1,24 @@
-"""The data seam's contract: every DataModule in SOURCES, on tiny generated data, reads nothing when it is built
-(the data -> model links read it on first use), says its class names, kind of target and input shape, gives
-training batches that `transform_batch` makes normalised float images of the input shape with targets as its kind
-encodes them, gives validation, test and prediction batches, and keeps in its `state_dict` what a checkpoint needs
-to prepare images and read outputs as training did.
+"""The data seam's contract: every example of SOURCES (a DataModule on tiny generated data), reads nothing when it
+is built (the data -> model links read it on first use), says its class names, kind of target and input shape,
+gives training batches that `transform_batch` makes normalised float images of the input shape with targets as its
+kind encodes them, gives validation, test and prediction batches, and keeps in its `state_dict` what a checkpoint
+needs to prepare images and read outputs as training did.
 
-A new source is one entry in SOURCES; `python -m pytest tests/contracts` then checks it."""
+A new DataModule or source joins by registering (its package's REGISTER: project.registry) and giving its example:
+the core's are in tests/contracts/tiny_data.py, a part's in its tests/<part>/contract_sources.py."""
 
-import contextlib
 import io
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import torch
 
-from project.data import (
-    CIFARDataModule,
-    ClassFolders,
-    FileSource,
-    ImageCSVDataModule,
-    ImageDataModule,
-    ImageFilesDataModule,
-    ImageFolderDataModule,
-)
-from project.data.targets import Classes, Tags, TargetKind, Values, kind_named
+from project.data import ImageDataModule
+from project.data.targets import Classes, TargetKind, kind_named
 from project.errors import UserError
+from project.registry import registered
 from tests.contracts import tiny_data
-from tests.contracts.stream_source import ShadeStreamDataModule
-
-#: Loader settings of every source here: small batches, in this process.
-LOADER = {"batch_size": 4, "num_workers": 0}
-
-
-def files(root: Path, **settings) -> dict:
-    """The settings of a source of image files: 8-pixel images, the cache beside `root` (not in the home folder)."""
-    return {"image_size": 8, "cache_dir": str(root.parent / "cache"), **LOADER, **settings}
-
-
-@dataclass(frozen=True)
-class Source:
-    """A DataModule built on the folder `root` (before anything is there), the tiny data it reads written into
-    `root`, and the kind of target it gives."""
-
-    id: str
-    kind: type[TargetKind]
-    build: Callable[[Path], ImageDataModule]
-    write: Callable[[Path], None]
-
+from tests.contracts.tiny_data import LOADER, Source
 
 # part: streaming
 #: The folder of this test run that xdist's workers share (`_run_folder`): costly data is made there once.
@@ -91,47 +62,19 @@ def streaming(root: Path) -> ImageDataModule:
 # /part: streaming
 
 
-#: Every source the template ships, on each kind of target it gives. A new one is a line here.
+#: Every example: the core's and those of the parts present.
 SOURCES = [
-    Source("CIFAR", Classes, lambda root: CIFARDataModule(data_dir=str(root), download=False, val_size=20, **LOADER),
-           tiny_data.cifar),
-    Source("class-folder", Classes, lambda root: ImageFolderDataModule(str(root), **files(root)),
-           tiny_data.class_folder),
-    # The same source held by the DataModule of image files itself, as a config of a source of one's own reads
-    Source("class-folder-held", Classes, lambda root: ImageFilesDataModule(ClassFolders(str(root)), **files(root)),
-           tiny_data.class_folder),
-    Source("csv-classes", Classes, lambda root: ImageCSVDataModule(str(root / "labels.csv"), **files(root)),
-           tiny_data.classes_csv),
-    Source("csv-tags", Tags,
-           lambda root: ImageCSVDataModule(str(root / "tags.csv"), multilabel=True, **files(root, val_fraction=0.25)),
-           tiny_data.tags_csv),
-    Source("csv-values", Values, lambda root: ImageCSVDataModule(str(root / "values.csv"), values=True, **files(root)),
-           tiny_data.values_csv),
+    *tiny_data.sources(),
     # part: streaming
     Source("streaming", Classes, streaming, prepared_chunks),
     # /part: streaming
-    # Not shipped: a source of another shape as a user writes one (tests/contracts/stream_source.py).
-    Source("user-stream", Classes, lambda root: ShadeStreamDataModule(**LOADER), lambda root: None),
-]  # fmt: skip
+]
 
 
-def test_every_shipped_source_is_in_the_list(tmp_path):
-    import project.data
-
-    exported = [getattr(project.data, name) for name in project.data.__all__]
-    bases = {ImageDataModule, FileSource}  # what a source subclasses, not sources themselves
-    shipped = {cls for cls in exported if issubclass(cls, (ImageDataModule, FileSource))} - bases
-    listed = set()
-    for source in SOURCES:
-        # (an optional part's source without its extra installed is skipped, and not listed)
-        with contextlib.suppress(pytest.skip.Exception):
-            built = source.build(tmp_path / source.id)  # building reads nothing: cheap
-            listed |= {
-                type(built),
-                type(getattr(built, "source", None)),
-            }  # a DataModule, and the source it holds
-    missing = {cls.__name__ for cls in shipped} - {cls.__name__ for cls in listed}
-    assert not missing, f"add {sorted(missing)} to SOURCES"
+def test_every_registered_datamodule_and_source_has_an_example():
+    exercised = {name for source in SOURCES for name in source.registered}
+    missing = (set(registered("datamodules")) | set(registered("sources"))) - exercised
+    assert not missing, f"give {sorted(missing)} an example (tests/<part>/contract_sources.py)"
 
 
 @pytest.fixture(params=SOURCES, ids=lambda s: s.id)

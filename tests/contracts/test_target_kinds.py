@@ -1,11 +1,10 @@
-"""The target-kind seam's contract: every kind of target in KINDS (`project.data.targets`), with labels of its own
-as a source gives them, encodes them as its loss takes them and stores them as `prepare` writes them (read back
-as the same targets), stratifies splits and folds, mixes two images' targets for MixUp/CutMix, names a metric
-and its direction that rank a perfect answer above a wrong one, and records what its outputs mean for
-deployment (decoded by `project.export.decoding`).
+"""The target-kind seam's contract: every registered kind of target (`target_kinds`, project.registry), with the
+example labels it gives (`TargetKind.example`), encodes them as its loss takes them and stores them as `prepare`
+writes them (read back as the same targets), stratifies splits and folds, mixes two images' targets for
+MixUp/CutMix, names a metric and its direction that rank a perfect answer above a wrong one, and records what its
+outputs mean for deployment (read back by its `decoder`).
 
-A new kind is one entry in EXAMPLES (a kind missing from it fails here); `python -m pytest tests/contracts` then
-checks it."""
+A new kind joins by registering; `python -m pytest tests/contracts` then checks it."""
 
 import io
 from dataclasses import dataclass
@@ -16,8 +15,9 @@ import pytest
 import torch
 
 from project.data.augment import mix_batch
-from project.data.folds import fold_split
-from project.data.targets import KINDS, Classes, Tags, TargetKind, Values, kind_named
+from project.data.splits import HoldOut, stratified_parts
+from project.data.targets import TargetKind, kind_named
+from project.registry import load_all
 
 N = 20
 
@@ -34,12 +34,8 @@ class Example:
         return self.kind.kind
 
 
-#: Every kind of target, with example labels. A new kind is a line here.
-EXAMPLES = [
-    Example(Classes(("cat", "dog", "fox")), [i % 3 for i in range(N)]),
-    Example(Tags(("blue", "red", "round")), [tuple(t for t in range(3) if i >> t & 1) for i in range(N)]),
-    Example(Values(("angle", "size")), [(float(i * 7 % 11) - 5.0, i / 4) for i in range(N)]),
-]
+#: Every registered kind of target, on the example it gives.
+EXAMPLES = [Example(*kind.example()) for kind in load_all("target_kinds").values()]
 
 
 @pytest.fixture(params=EXAMPLES, ids=lambda e: e.id)
@@ -47,13 +43,14 @@ def example(request) -> Example:
     return request.param
 
 
-def test_every_kind_is_in_the_list():
-    assert sorted(e.kind.kind for e in EXAMPLES) == sorted(KINDS), "add the new kind to EXAMPLES"
+def test_every_kind_gives_an_example_of_n_labels():
+    assert [type(e.kind) for e in EXAMPLES] == list(load_all("target_kinds").values())
+    assert all(len(e.labels) == N for e in EXAMPLES)
 
 
 def test_its_recorded_name_builds_it_again(example):
     kind = example.kind
-    assert KINDS[kind.kind] is type(kind)
+    assert load_all("target_kinds")[kind.kind] is type(kind)
     assert kind_named(kind.kind, list(kind.names)) == kind  # what checkpoints and prepared datasets record
     assert kind.outputs == len(kind.names)  # one network output per name
     assert kind.noun and kind.described
@@ -108,10 +105,12 @@ def test_stratifies_splits_and_folds(example):
     counts = kind.counts(labels)  # None: names that do not group images (values)
     if counts is not None:
         assert len(counts) == kind.outputs and all(c >= 0 for c in counts) and sum(counts) > 0
-    folds = [fold_split(labels, 4, fold, seed=0, targets=kind) for fold in range(4)]
-    for train, val in folds:
-        assert val and sorted(train + val) == list(range(N))
-    assert sorted(i for _, val in folds for i in val) == list(range(N))  # each image validates once
+    parts = stratified_parts(labels, 4, seed=0, targets=kind)  # k-fold's folds, prepare's stored parts
+    assert all(parts) and sorted(i for part in parts for i in part) == list(
+        range(N)
+    )  # each image in one part
+    train, val = HoldOut(0.25).split(labels, 0, kind)  # the default validation split
+    assert val and sorted(train + val) == list(range(N))
 
 
 def test_mixing_two_images_interpolates_their_targets(example):

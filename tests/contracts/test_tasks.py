@@ -1,10 +1,12 @@
-"""The task seam's contract: every task in TASKS, paired with a source of a kind it accepts (a source of
-tests/contracts/test_sources.py), agrees with `check_task_fits_data` on every kind, trains a few steps in a
-Lightning Trainer, reloads from its checkpoint with `weights_only=True` into a fresh task that answers the same,
-writes one prediction row per image with its own columns, and, run through `fit` as users run it, stopped after a
-step and continued with `--ckpt_path last`, ends with the very weights of the run never stopped.
+"""The task seam's contract: every registered task, paired with an example source of a kind it accepts
+(tests/contracts/test_sources.py's SOURCES), agrees with `check_task_fits_data` on every kind, trains a few steps in
+a Lightning Trainer, reloads from its checkpoint with `weights_only=True` into a fresh task that answers the same,
+writes one prediction row per image with its own columns, and, run through `fit` as users run it (its
+`example_config`), stopped after a step and continued with `--ckpt_path last`, ends with the very weights of the run
+never stopped.
 
-A new task is one entry in TASKS; `python -m pytest tests/contracts` then checks it."""
+A new task joins by registering (its package's REGISTER: project.registry); `python -m pytest tests/contracts` then
+checks it."""
 
 import csv
 import os
@@ -21,11 +23,9 @@ from lightning.pytorch.callbacks import Callback
 from project.callbacks.prediction_writer import PredictionWriter
 from project.cli import main
 from project.data import ImageDataModule
-from project.data.targets import KINDS
 from project.errors import UserError
 from project.models import MLP
-from project.tasks import ImageClassifier, ImageRegressor, MultiLabelClassifier
-from project.tasks.data_agreement import shipped_tasks
+from project.registry import load_all
 from project.tasks.task import ImageTask, check_task_fits_data, init_arguments
 from tests.conftest import CONFIGS, PACKAGE, ROOT
 from tests.contracts.test_sources import SOURCES, Source
@@ -33,12 +33,10 @@ from tests.contracts.test_sources import SOURCES, Source
 
 @dataclass(frozen=True)
 class Task:
-    """A task, the source of tests/contracts/test_sources.py it trains on, and the `fit` flags that name that
-    data in the shipped config of the task (`{root}`: the folder the source's data is written to)."""
+    """A registered task and the example source it trains on: one of a kind it accepts, the one its
+    `example_config` trains on where there is one."""
 
     task: type[ImageTask]
-    source: str
-    data_flags: tuple[str, ...]
 
     @property
     def id(self) -> str:
@@ -46,24 +44,19 @@ class Task:
 
     @property
     def data(self) -> Source:
-        return next(s for s in SOURCES if s.id == self.source)
+        accepted = [s for s in SOURCES if issubclass(s.kind, self.task.accepts)]
+        if not accepted:
+            pytest.skip(f"no source of this copy gives {self.task.accepts[0].described}")
+        return next((s for s in accepted if s.config == self.task.example_config), accepted[0])
 
 
-#: Every task the template ships, each with data of a kind it accepts. A new one is a line here.
-TASKS = [
-    Task(ImageClassifier, "csv-classes", ("--data.csv", "{root}/labels.csv")),
-    Task(MultiLabelClassifier, "csv-tags", ("--data.csv", "{root}/tags.csv")),
-    Task(ImageRegressor, "csv-values", ("--data.csv", "{root}/values.csv")),
-]
+#: Every registered task.
+TASKS = [Task(task) for task in load_all("tasks").values()]
 
 
 @pytest.fixture(params=TASKS, ids=lambda t: t.id)
 def case(request) -> Task:
     return request.param
-
-
-def test_every_shipped_task_is_in_the_list():
-    assert {t.task for t in TASKS} >= set(shipped_tasks(ImageTask)), "add the new task to TASKS"
 
 
 def written(case: Task, root: Path) -> ImageDataModule:
@@ -95,7 +88,7 @@ def test_accepts_the_kinds_it_says_and_refuses_the_others(case, tmp_path):
     # Where the kind's metric picks the best checkpoint, the kind says its direction too.
     if task.monitor == f"val/{data.targets.metric}":
         assert task.monitor_mode == data.targets.mode
-    for kind in KINDS.values():
+    for kind in load_all("target_kinds").values():
         other = SimpleNamespace(targets=kind(("x", "y")))  # a source of that kind
         if issubclass(kind, case.task.accepts):
             check_task_fits_data(task, other)
@@ -172,10 +165,12 @@ class TermAfterStep(Callback):
 def fit_args(case: Task, data: Path, root: Path, *extra: str) -> list[str]:
     """`fit` with the task's shipped config (its scheduler, crop and flip: random draws every step), on the tiny
     data, with a tiny network."""
+    if not case.task.example_config or case.data.config != case.task.example_config:
+        pytest.skip(f"no example source for {case.task.example_config or 'a task without an example config'}")
     config = CONFIGS / Path(case.task.example_config).relative_to("configs")
     assert (ROOT / case.task.example_config).is_file(), case.task.example_config
     args = [
-        "fit", "--config", config, *(flag.format(root=data) for flag in case.data_flags),
+        "fit", "--config", config, *(flag.format(root=data) for flag in case.data.fit_flags),
         "--data.cache_dir", root / "cache", "--data.image_size", "8", "--data.batch_size", "4",
         "--data.num_workers", "0", "--model.net", f"{PACKAGE}.models.MLP", "--model.net.init_args.hidden", "8",
         "--trainer.accelerator", "cpu", "--trainer.precision", "32-true", "--trainer.max_epochs", "2",

@@ -1,17 +1,45 @@
-"""Tiny labelled image data for the contract suites, written into a folder that need not exist yet: a class
-folder, CSVs of classes, tags and values, fake CIFAR files. Dozens of 8-pixel images: every check runs in
-seconds."""
+"""Tiny labelled image data for the contract suites, written into a folder that need not exist yet, and the
+examples the suites check: `Source` (a DataModule on its tiny data). The core's are here (`SOURCES`); a part's are
+in its `tests/<part>/contract_sources.py` (its `SOURCES`), found by `sources()`. Dozens of 8-pixel images: every
+check runs in seconds."""
 
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 from PIL import Image
 
+from project.data.datamodule import ImageDataModule
+from project.data.targets import TargetKind
 from tests.fakes import class_images, make_fake_cifar, make_image_folder, patch_cifar_integrity
 
 CLASSES = ("a", "b", "c")
-TAGS = ("blue", "red", "round")
 IMAGES = 24
+#: Loader settings of every source here: small batches, in this process.
+LOADER = {"batch_size": 4, "num_workers": 0}
+
+
+@dataclass(frozen=True)
+class Source:
+    """A DataModule built on the folder `root` (before anything is there), the tiny data it reads written into
+    `root`, the kind of target it gives, and the registered classes it exercises (`registered`: DataModules and
+    sources by their registered names). `config` and `fit_flags` (`{root}`: the data's folder) name that data in a
+    shipped config, for the tasks' runs through the command line."""
+
+    id: str
+    kind: type[TargetKind]
+    build: Callable[[Path], ImageDataModule]
+    write: Callable[[Path], None]
+    registered: tuple[str, ...] = ()
+    config: str | None = None
+    fit_flags: tuple[str, ...] = field(default=())
+
+
+def files(root: Path, **settings) -> dict:
+    """The settings of a source of image files: 8-pixel images, the cache beside `root` (not in the home folder)."""
+    return {"image_size": 8, "cache_dir": str(root.parent / "cache"), **LOADER, **settings}
 
 
 def class_folder(root: Path) -> None:
@@ -32,27 +60,34 @@ def write_csv(path: Path, header: str, rows: list[str]) -> None:
     path.write_text("\n".join([header, *rows]) + "\n")
 
 
-def classes_csv(root: Path) -> None:
-    """`root/labels.csv`: one class of CLASSES per image."""
-    paths = coloured_images(root)
-    write_csv(root / "labels.csv", "path,label", [f"{p},{CLASSES[i % 3]}" for i, p in enumerate(paths)])
-
-
-def tags_csv(root: Path) -> None:
-    """`root/tags.csv`: any subset of TAGS per image (every subset of the three, the empty one too)."""
-    paths = coloured_images(root)
-    rows = [f"{p},{' '.join(t for bit, t in enumerate(TAGS) if i >> bit & 1)}" for i, p in enumerate(paths)]
-    write_csv(root / "tags.csv", "path,tags", rows)
-
-
-def values_csv(root: Path) -> None:
-    """`root/values.csv`: one real value per image."""
-    paths = coloured_images(root)
-    values = np.random.default_rng(1).uniform(-20, 20, len(paths))
-    write_csv(root / "values.csv", "path,angle", [f"{p},{v:.3f}" for p, v in zip(paths, values, strict=True)])
-
-
 def cifar(root: Path) -> None:
     """Fake CIFAR-10 files in `root`: 100 training and 20 test images (torchvision's checksums patched)."""
     patch_cifar_integrity()
     make_fake_cifar(root, per_batch=20, n_test=20)
+
+
+def _sources() -> list[Source]:
+    from project.data import CIFARDataModule, ClassFolders, ImageFilesDataModule, ImageFolderDataModule
+    from project.data.targets import Classes
+    from tests.contracts.stream_source import ShadeStreamDataModule
+
+    return [
+        Source("CIFAR", Classes, lambda root: CIFARDataModule(data_dir=str(root), download=False, val_size=20, **LOADER),
+               cifar, ("CIFARDataModule",)),
+        Source("class-folder", Classes, lambda root: ImageFolderDataModule(str(root), **files(root)), class_folder,
+               ("ImageFolderDataModule", "ClassFolders"), "configs/folder.yaml", ("--data.root", "{root}")),
+        # The same source held by the DataModule of image files itself, as a config of a source of one's own reads
+        Source("class-folder-held", Classes,
+               lambda root: ImageFilesDataModule(ClassFolders(str(root)), **files(root)), class_folder,
+               ("ImageFilesDataModule", "ClassFolders")),
+        # Not registered: a source of another shape as a user writes one (tests/contracts/stream_source.py).
+        Source("user-stream", Classes, lambda root: ShadeStreamDataModule(**LOADER), lambda root: None),
+    ]  # fmt: skip
+
+
+def sources() -> list[Source]:
+    """The core's examples, then those of every part present (`tests/<part>/contract_sources.py`, by name)."""
+    found = _sources()
+    for path in sorted(Path(__file__).parent.parent.glob("*/contract_sources.py")):
+        found += importlib.import_module(f"tests.{path.parent.name}.contract_sources").SOURCES
+    return found

@@ -1,32 +1,9 @@
-"""The W&B charts `WandbDashboard` logs for tags and values, and validation images made viewable again."""
+"""Validation images made viewable again, for the W&B dashboard's tables."""
 
 from typing import Any
 
 import torch
 from torch import Tensor
-
-
-def tag_charts(tags: dict[str, Any], names: list[str], epoch: int) -> dict[str, Any]:
-    """W&B charts of a multi-label validation: each tag's AP (bars) and precision-recall curve (lines)."""
-    import wandb
-
-    ap = tags["ap"].cpu()
-    precision, recall, _ = (t.cpu() for t in tags["curve"])
-    names = names if len(names) == len(ap) else [str(i) for i in range(len(ap))]
-    bars = wandb.Table(columns=["tag", "AP"], data=[[n, float(v)] for n, v in zip(names, ap, strict=True)])
-    points = [
-        [names[i], float(r), float(p)]
-        for i in range(len(names))
-        for p, r in zip(precision[i], recall[i], strict=True)
-        if not (p.isnan() or r.isnan())  # a tag without positives has no curve
-    ]
-    curves = wandb.Table(columns=["tag", "recall", "precision"], data=points)
-    return {
-        "val/ap_per_tag": wandb.plot.bar(bars, "tag", "AP", title=f"Validation AP per tag, epoch {epoch}"),
-        "val/pr_curve": wandb.plot.line(
-            curves, "recall", "precision", stroke="tag", title=f"Validation precision-recall, epoch {epoch}"
-        ),
-    }
 
 
 def to_uint8(images: Tensor, datamodule: Any) -> Tensor:
@@ -42,18 +19,3 @@ def to_uint8(images: Tensor, datamodule: Any) -> Tensor:
         images = (images - low) / (high - low).clamp_min(1e-8)
     images = (images.clamp(0, 1) * 255).round().to(torch.uint8)
     return images if images.shape[1] != 1 else images.expand(-1, 3, -1, -1)
-
-
-def value_charts(predicted: Tensor, true: Tensor, names: list[str], epoch: int) -> dict[str, Any]:
-    """W&B scatter plots of a regression's validation: predicted against true values, one chart per value (for
-    one value `val/predicted_vs_true`, else `val/predicted_vs_true/<name>`)."""
-    import wandb
-
-    charts: dict[str, Any] = {}
-    for i, name in enumerate(names):
-        points = [[float(t), float(p)] for t, p in zip(true[:, i], predicted[:, i], strict=True)]
-        table = wandb.Table(columns=["true", "predicted"], data=points)
-        key = "val/predicted_vs_true" if len(names) == 1 else f"val/predicted_vs_true/{name}"
-        title = f"Validation {name}: predicted vs true, epoch {epoch}"
-        charts[key] = wandb.plot.scatter(table, "true", "predicted", title=title)
-    return charts

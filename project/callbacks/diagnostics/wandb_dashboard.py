@@ -1,5 +1,5 @@
-"""`WandbDashboard`: confusion matrix (per-tag AP and precision-recall curves for tags, predicted-vs-true scatter
-plots for values), worst-predicted images and weight/gradient histograms in W&B."""
+"""`WandbDashboard`: confusion matrix, worst-predicted images (or the panels of the task's kind of target) and
+weight/gradient histograms in W&B."""
 
 from typing import Any, Literal
 
@@ -9,16 +9,9 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
-from torchmetrics import MetricCollection
-from torchmetrics.classification import MultilabelAveragePrecision, MultilabelPrecisionRecallCurve
 
-from project.callbacks.diagnostics.wandb_charts import tag_charts, to_uint8, value_charts
-from project.data.targets import Tags, TargetKind, Values
-
-#: Points of each tag's precision-recall curve (thresholds 0, 1/(n-1), ..., 1).
-CURVE_POINTS = 21
-#: Validation images of the first process in a regression's scatter plots, at most.
-SCATTER_POINTS = 2000
+from project.callbacks.diagnostics.wandb_charts import to_uint8
+from project.data.targets import TargetKind
 
 
 class WandbDashboard(Callback):
@@ -27,11 +20,9 @@ class WandbDashboard(Callback):
     At the end of each validation epoch it logs `val/confusion_matrix` (a W&B confusion-matrix chart, over the
     whole validation set and all processes) and `val/worst_predictions`: a table of the validation images
     whose true class got the lowest probability, with true and predicted class and confidence. It reads the
-    logits and targets that `validation_step` returns, and asks the task's kind of target (`targets`) what they
-    are. For tags it logs instead `val/ap_per_tag` (a bar chart of each tag's average precision) and
-    `val/pr_curve` (each tag's precision-recall curve), both over the whole validation set and all processes;
-    for values `val/predicted_vs_true` (a scatter plot per value, of up to 2000 images of the first process) and
-    the table of the images predicted furthest from their values. During fit it also has W&B
+    logits and targets that `validation_step` returns. A kind of target with panels of its own
+    (`TargetKind.dashboard_panels`: per-tag precision-recall curves, predicted-vs-true scatter plots) logs those
+    instead; targets that are not class indices without them, nothing. During fit it also has W&B
     record histograms of the parameters and/or gradients (`WandbLogger.watch`).
 
     Checkpoints are uploaded as W&B artifacts by the logger itself when it is online (`log_model: true`, see
@@ -67,8 +58,7 @@ class WandbDashboard(Callback):
         self._logger: WandbLogger | None = None
         self._watched: torch.nn.Module | None = None
         self._matrix: Tensor | None = None
-        self._tags: MetricCollection | None = None  # per-tag AP and curves of a multi-label task
-        self._values: list[tuple[Tensor, Tensor]] = []  # (predicted, true) of a regression, on the CPU
+        self._panels: Any = None  # those of the task's kind of target, when it draws its own
         self._worst: list[tuple[float, Tensor, Any, Any, float]] = []
         self._warned = False
 
@@ -105,9 +95,8 @@ class WandbDashboard(Callback):
     def on_validation_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._matrix = None
         self._worst = []
-        self._values = []
-        if self._tags is not None:
-            self._tags.reset()
+        if self._panels is not None:
+            self._panels.reset()
 
     @torch.no_grad()
     def on_validation_batch_end(
@@ -132,14 +121,15 @@ class WandbDashboard(Callback):
         logits, targets = outputs["logits"].float(), outputs["targets"]
         num_classes = logits.shape[1]
         kind = getattr(pl_module, "targets", None)
-        if isinstance(kind, Tags):
-            self._update_tags(logits, targets, num_classes)
+        if self._panels is None and isinstance(kind, TargetKind):
+            self._panels = kind.dashboard_panels(self.worst_k)  # (None: the class panels here)
+        if self._panels is not None:
+            # Trainer.datamodule is set by Lightning's data connector, outside the class: pyright cannot see it.
+            datamodule = trainer.datamodule  # pyright: ignore[reportAttributeAccessIssue]
+            self._panels.update(logits, targets, batch[0], pl_module, lambda x: to_uint8(x, datamodule))
             return
-        if isinstance(kind, Values):
-            self._update_values(pl_module, logits, targets, batch[0], trainer)
-            return
-        if isinstance(kind, TargetKind) and kind.kind != "classes":
-            return  # a kind this dashboard has no charts for
+        if targets.is_floating_point():
+            return  # not class indices: a kind this dashboard has no charts for
         if self.confusion_matrix:
             if self._matrix is None:
                 self._matrix = torch.zeros(num_classes, num_classes, dtype=torch.long, device=logits.device)
@@ -149,39 +139,6 @@ class WandbDashboard(Callback):
             # Trainer.datamodule is set by Lightning's data connector, outside the class: pyright cannot see it.
             datamodule = trainer.datamodule  # pyright: ignore[reportAttributeAccessIssue]
             self._keep_worst(logits, targets, batch[0], datamodule)
-
-    def _update_tags(self, logits: Tensor, targets: Tensor, num_tags: int) -> None:
-        if self._tags is None:
-            bins = torch.linspace(0, 1, CURVE_POINTS)
-            self._tags = MetricCollection(
-                {
-                    "ap": MultilabelAveragePrecision(num_tags, average=None, thresholds=bins),
-                    "curve": MultilabelPrecisionRecallCurve(num_tags, thresholds=bins),
-                },
-                compute_groups=False,
-            ).to(logits.device)
-        self._tags.update(logits.sigmoid(), targets.long())
-
-    def _update_values(
-        self, pl_module: Any, outputs: Tensor, targets: Tensor, images: Tensor, trainer: L.Trainer
-    ) -> None:
-        predicted = pl_module.probabilities(outputs).float().reshape(len(outputs), -1)
-        true = targets.float().reshape(len(targets), -1)
-        room = SCATTER_POINTS - sum(len(p) for p, _ in self._values)
-        if room > 0:
-            self._values.append((predicted[:room].cpu(), true[:room].cpu()))
-        if not self.worst_k:
-            return
-        error = (predicted - true).abs().amax(1)  # the furthest of an image's values
-        k = min(self.worst_k, len(error))
-        if self._worst and k == self.worst_k and float(error.max()) <= -self._worst[-1][0]:
-            return
-        index = error.topk(k).indices
-        pictures = to_uint8(images[index], trainer.datamodule)  # pyright: ignore[reportAttributeAccessIssue]
-        for i, row in enumerate(index.tolist()):
-            shown = (true[row].tolist(), predicted[row].tolist())
-            self._worst.append((-float(error[row]), pictures[i], *shown, float(error[row])))
-        self._worst = sorted(self._worst, key=lambda entry: entry[0])[: self.worst_k]
 
     def _keep_worst(self, logits: Tensor, targets: Tensor, images: Tensor, datamodule: Any) -> None:
         probs = logits.softmax(1)
@@ -206,34 +163,22 @@ class WandbDashboard(Callback):
 
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         logger = self._logger
-        tags = self._tags.compute() if self._tags is not None and self._tags["ap"].update_called else None
         if logger is None or not self._active(trainer):
             return
-        if self._matrix is None and not self._worst and tags is None and not self._values:
+        names = list(getattr(pl_module, "class_names", None) or [])
+        if self._panels is not None:  # the kind's own (computed on every process: they may sum states)
+            charts = self._panels.charts(names, trainer.current_epoch, trainer.is_global_zero)
+            if charts:
+                logger.log_metrics(charts, step=trainer.global_step)
+            return
+        if self._matrix is None and not self._worst:
             return
         matrix = trainer.strategy.reduce(self._matrix, reduce_op="sum") if self._matrix is not None else None
         if not trainer.is_global_zero:
             return
         import wandb
 
-        names = list(getattr(pl_module, "class_names", None) or [])
         metrics: dict[str, Any] = {}
-        if tags is not None:
-            metrics |= tag_charts(tags, names, trainer.current_epoch)
-        if self._values:
-            predicted, true = (torch.cat(column) for column in zip(*self._values, strict=True))
-            names = names if len(names) == predicted.shape[1] else [str(i) for i in range(predicted.shape[1])]
-            metrics |= value_charts(predicted, true, names, trainer.current_epoch)
-            if self._worst:
-                rows = [
-                    [wandb.Image(picture.permute(1, 2, 0).numpy()), str(true), str(pred), error]
-                    for _, picture, true, pred, error in self._worst
-                ]
-                metrics["val/worst_predictions"] = wandb.Table(
-                    columns=["image", "true", "predicted", "abs_error"], data=rows
-                )
-            logger.log_metrics(metrics, step=trainer.global_step)
-            return
         if matrix is not None:
             matrix = matrix.cpu()
             names = names if len(names) == len(matrix) else [str(i) for i in range(len(matrix))]

@@ -1,9 +1,8 @@
-"""Images with their labels in a CSV (project/data/csv_labels.py): single- and multi-label, every bad CSV named
+"""Images with their labels in a CSV (project/csv): single- and multi-label, every bad CSV named
 by file, row and value, the cache keyed by the CSV, validation splits and folds (iterative stratification for
 multi-label data), and a fit through the CLI."""
 
 import pickle
-from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -12,9 +11,9 @@ import torch
 from PIL import Image
 
 from project.cli import main
-from project.data import ImageCSVDataModule
-from project.data.folds import fold_split, iterative_stratification
-from project.data.targets import Classes, Tags
+from project.csv.labels import ImageCSVDataModule
+from project.data.splits import HoldOut
+from project.data.targets import Classes
 from project.errors import UserError
 from tests.conftest import CONFIGS
 
@@ -106,14 +105,6 @@ def bad_csv_cases(tmp_path: Path) -> dict[str, tuple[dict, list[str]]]:
             {"csv": w(d / "tr.csv", good), "val_csv": w(d / "v.csv", ["img/0.png,a", "img/1.png,zebra"])},
             ["v.csv row 3", "'zebra'", "tr.csv"],
         ),
-        "not-0-or-1": (
-            {"csv": w(d / "oh.csv", ["img/0.png,1,0.0", "img/1.png,yes,1"], header="file,a,b"), "label_columns": ["a", "b"]},
-            ["oh.csv row 3", "'a'", "'yes'"],
-        ),
-        "missing-tag-column": (
-            {"csv": w(d / "mt.csv", ["img/0.png,1,0"], header="file,a,b"), "label_columns": ["a", "c"]},
-            ["mt.csv", "'c'", "a, b"],
-        ),
     }  # fmt: skip
 
 
@@ -131,8 +122,6 @@ def bad_csv_cases(tmp_path: Path) -> dict[str, tuple[dict, list[str]]]:
         "ambiguous",
         "one-class",
         "val-label",
-        "not-0-or-1",
-        "missing-tag-column",
     ],
 )
 def test_a_bad_csv_is_named_with_its_row_and_value(tmp_path, case):
@@ -194,25 +183,8 @@ def test_val_test_and_predict_csvs(tmp_path, capsys):
     )
     assert [Path(n).name for n in dm.predict_names] == ["5.png", "4.png"]
     assert "val.csv: 2 image(s) are in the training CSV" in capsys.readouterr().err
-    with pytest.raises(UserError, match="data.num_folds=3 with data.val_csv"):
-        csv_dm(csv, tmp_path, val_csv=str(val), num_folds=3).class_names  # noqa: B018  # the first scan
-
-
-def test_folds_of_a_csv_cover_every_image_once_and_stats_come_from_training(tmp_path):
-    csv = dataset(tmp_path, n=12)
-    vals = []
-    for fold in range(3):
-        dm = csv_dm(csv, tmp_path, num_folds=3, fold=fold)
-        dm.setup("fit")
-        train, val = dm.train_set.indices.tolist(), dm.val_set.indices.tolist()
-        assert sorted(train + val) == list(range(12)) and len(val) == 4
-        assert set(Counter(dm.train_labels[i] for i in val).values()) <= {
-            1,
-            2,
-        }  # 4 of each class over 3 folds
-        assert dm.mean == pytest.approx(dm._cache("train").mean_std(dm.train_set.indices)[0])
-        vals += val
-    assert sorted(vals) == list(range(12))
+    with pytest.raises(UserError, match=r"data.split HoldOut\(0.5\) with data.val_csv"):
+        csv_dm(csv, tmp_path, val_csv=str(val), split=HoldOut(0.5)).class_names  # noqa: B018  # the first scan
 
 
 def test_unreadable_images_in_a_csv_are_named_or_left_out(tmp_path, capsys):
@@ -226,101 +198,6 @@ def test_unreadable_images_in_a_csv_are_named_or_left_out(tmp_path, capsys):
 
 
 # -- multi-label -----------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("cache", [True, False])
-def test_multilabel_targets_are_float_multi_hot_rows(tmp_path, cache):
-    csv = tagged(tmp_path)
-    by_tags = csv_dm(csv, tmp_path, label_column="tags", multilabel=True, cache=cache)
-    by_columns = csv_dm(csv, tmp_path, label_columns=TAGS, cache=cache)
-    assert (
-        isinstance(by_tags.targets, Tags)
-        and isinstance(by_columns.targets, Tags)
-        and by_tags.class_names == by_columns.class_names == TAGS
-    )
-    batches = []
-    for dm in (by_tags, by_columns):
-        dm.setup("fit")
-        x, y = next(iter(dm.val_dataloader()))
-        assert x.dtype == torch.uint8 and y.dtype == torch.float32 and y.shape == (len(x), 3)
-        batches.append(y)
-    assert torch.equal(*batches)
-    # Each image's row is its tags: the CSV's 0/1 columns (images are named by their CSV row).
-    rows = [line.split(",") for line in csv.read_text().splitlines()[1:]]
-    expected = torch.tensor([[float(v) for v in row[2:]] for row in rows])
-    assert not expected.sum(1).all()  # some images have no tag at all: valid
-    val = by_tags.val_set
-    if cache:
-        files = [by_tags.train_files[i] for i in val.indices.tolist()]
-        targets = val.targets[val.indices]
-    else:
-        files, targets = val.files, val.labels
-    assert torch.equal(targets, expected[[int(Path(f).stem) for f in files]])
-
-
-def test_multilabel_tags_are_sorted_separated_as_asked_and_checked_against_training(tmp_path):
-    write_images(tmp_path / "img", 4)
-    csv = write_csv(
-        tmp_path / "t.csv", ["img/0.png,sky;dog", "img/1.png,", "img/2.png, cat ;sky", "img/3.png,dog"]
-    )
-    dm = csv_dm(csv, tmp_path, multilabel=True, label_separator=";", val_fraction=0.25)
-    assert dm.class_names == ["cat", "dog", "sky"] and dm.train_labels == [(1, 2), (), (0, 2), (1,)]
-    val = write_csv(tmp_path / "v.csv", ["img/0.png,sky;bird"])
-    with pytest.raises(UserError, match=r"v\.csv row 2: label 'bird'"):
-        csv_dm(csv, tmp_path, multilabel=True, label_separator=";", val_csv=str(val)).setup("fit")
-
-
-def tag_sets(n: int, seed: int, tags: int = 5) -> list[tuple[int, ...]]:
-    rng = np.random.default_rng(seed)
-    rates = np.linspace(0.05, 0.6, tags)  # rare to common tags
-    return [tuple(int(t) for t in np.flatnonzero(rng.random(tags) < rates)) for _ in range(n)]
-
-
-@pytest.mark.parametrize("seed", [0, 1, 2])
-def test_iterative_stratification_keeps_every_tags_share_in_every_fold(seed):
-    labels = tag_sets(150, seed)
-    folds = iterative_stratification(labels, [1 / 5] * 5, seed)
-    assert sorted(i for f in folds for i in f) == list(range(150))
-    assert any(not tags for tags in labels)  # images without tags are dealt out too
-    for tag in range(5):
-        total = sum(tag in tags for tags in labels)
-        for fold in folds:
-            assert abs(sum(tag in labels[i] for i in fold) - total / 5) <= 1, (tag, total)
-    assert max(map(len, folds)) - min(map(len, folds)) <= 2
-    assert folds == iterative_stratification(list(labels), [0.2] * 5, seed)  # a pure function of its inputs
-    assert folds != iterative_stratification(labels, [0.2] * 5, seed + 10)
-    train, val = fold_split(labels, 5, 2, seed, Tags(tuple(map(str, range(5)))))
-    assert val == folds[2] and sorted(train + val) == list(range(150))
-
-
-def test_multilabel_validation_split_and_folds_follow_every_tag(tmp_path):
-    csv = tagged(tmp_path, n=40)
-    dm = csv_dm(csv, tmp_path, label_column="tags", multilabel=True, val_fraction=0.25)
-    dm.setup("fit")
-    val = dm.val_set.targets[dm.val_set.indices]
-    everything = dm.val_set.targets
-    assert len(val) == 10
-    assert ((val.sum(0) - everything.sum(0) * 0.25).abs() <= 1).all()
-    with pytest.raises(UserError, match="tag 'cat' is on .* image"):
-        few = write_csv(
-            tmp_path / "few.csv", ["data/img/0.png,cat", "data/img/1.png,dog", "data/img/2.png,dog"]
-        )
-        csv_dm(few, tmp_path, multilabel=True, num_folds=2).class_names  # noqa: B018  # the first scan
-    folds = [
-        csv_dm(csv, tmp_path, label_column="tags", multilabel=True, num_folds=4, fold=k)._split()[1]
-        for k in range(4)
-    ]
-    assert sorted(i for f in folds for i in f) == list(range(40))
-
-
-def test_train_tag_counts_count_the_part_that_trains(tmp_path):
-    csv = tagged(tmp_path, n=40)
-    dm = csv_dm(csv, tmp_path, label_column="tags", multilabel=True, val_fraction=0.25)
-    dm.setup("fit")
-    images, positives = dm.train_tag_counts
-    train = dm.train_set.targets[dm.train_set.indices]
-    assert images == 30 and positives == train.sum(0).long().tolist()  # the validation images left out
-    assert csv_dm(dataset(tmp_path / "single"), tmp_path).train_tag_counts is None
-
-
 # -- through the CLI ------------------------------------------------------------------------------------------
 def test_fit_with_configs_csv_yaml(tmp_path):
     csv = dataset(tmp_path)
@@ -329,16 +206,7 @@ def test_fit_with_configs_csv_yaml(tmp_path):
         "--model.net", "SimpleCNN", "--model.net.init_args.width", "4", "--model.net.init_args.hidden", "8",
         "--data.image_size", "8", "--data.batch_size", "4", "--data.num_workers", "0",
         "--trainer.accelerator", "cpu", "--trainer.precision", "32-true", "--trainer.fast_dev_run", "true",
-        "--data.num_folds", "3", "--data.fold", "1",
+        "--data.split", "HoldOut", "--data.split.fraction", "0.25",
         "--trainer.enable_progress_bar", "false", "--trainer.default_root_dir", tmp_path / "logs",
     ]  # fmt: skip
     main([str(a) for a in args])
-
-
-def test_a_multilabel_validation_split_that_comes_out_empty_says_what_to_change(tmp_path):
-    write_images(tmp_path / "img", 3)
-    csv = write_csv(tmp_path / "t.csv", ["img/0.png,cat", "img/1.png,", "img/2.png,cat dog"])
-    with pytest.raises(
-        UserError, match=r"data.val_fraction=0.1 leaves no image to validate on.*raise data.val_fraction"
-    ):
-        csv_dm(csv, tmp_path, multilabel=True, val_fraction=0.1).setup("fit")

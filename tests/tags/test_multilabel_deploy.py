@@ -13,13 +13,14 @@ from jsonargparse import Namespace
 from PIL import Image
 from torch import nn
 
-from project.export.decoding import Tags, decoder_for
+from project.export.decoding import decoder_for
 from project.export.model_export import export_trained
 from project.export.preprocessing import Preprocessing
 from project.export.report import accuracy, columns, markdown
 from project.export.trained import TrainedModel
 from project.models import MLP
-from tests.test_multilabel import LOGITS, TAGS, TARGETS, identity_task
+from project.tags.kind import TagsDecoder
+from tests.tags.test_multilabel import LOGITS, TAGS, TARGETS, identity_task
 
 
 # -- downstream: export, predict_onnx, serve, quantize's report ---------------------------------------------
@@ -91,7 +92,7 @@ def test_serve_answers_labels_and_probabilities(exported_tags):
 
 def test_quantize_report_gives_map_and_tag_set_agreement():
     decoder = decoder_for(identity_task().output_spec(), TAGS)  # logits in, as the eager network gives
-    assert isinstance(decoder, Tags)
+    assert isinstance(decoder, TagsDecoder)
     batches = [(LOGITS[:2].numpy(), TARGETS[:2].numpy()), (LOGITS[2:].numpy(), TARGETS[2:].numpy())]
     flipped = {"FP32 eager": lambda x: x, "INT8": lambda x: x * np.array([1.0, -1.0], dtype=np.float32)}
     scores, samples = accuracy(flipped, batches, reference="FP32 eager", decoder=decoder)

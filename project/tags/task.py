@@ -16,8 +16,9 @@ from torch import Tensor, nn
 from torchmetrics import MetricCollection
 from torchmetrics.classification import MultilabelAveragePrecision, MultilabelPrecisionRecallCurve
 
-from project.data.targets import Tags, TargetKind
+from project.data.targets import TargetKind
 from project.errors import UserError
+from project.tags.kind import Tags
 from project.tasks.task import ImageTask
 
 #: The candidate thresholds (0, 0.01, ..., 1): the precision-recall curves are counted at these probabilities,
@@ -44,13 +45,15 @@ class MultiLabelClassifier(ImageTask):
         num_classes: Number of tags; linked from the DataModule by the CLI.
         pos_weight: Weight of the positive examples of each tag in the loss: `none` (1), or `balanced`:
             the tag's negatives / positives in the training part (rare tags count as much as common ones),
-            read from the DataModule's `train_tag_counts` when training starts.
+            counted in the DataModule's `train_targets` when training starts.
         max_pos_weight: Largest `balanced` weight: a tag seen a handful of times would otherwise dominate.
         **kwargs: The network, optimizer, schedule and speed settings every task has (`ImageTask`).
     """
 
     accepts: ClassVar[tuple[type[TargetKind], ...]] = (Tags,)
-    example_config: ClassVar[str] = "configs/csv_multilabel.yaml"
+    # part: csv
+    example_config: ClassVar[str | None] = "configs/csv_multilabel.yaml"
+    # /part: csv
     monitor: ClassVar[str] = f"val/{Tags.metric}"
     monitor_mode: ClassVar[Literal["min", "max"]] = Tags.mode
     prediction_header: ClassVar[tuple[str, ...]] = ("labels",)
@@ -136,15 +139,14 @@ class MultiLabelClassifier(ImageTask):
                 f"MultiLabelClassifier: num_classes must be at least 2 tags, got {self.hparams['num_classes']}"
             )
         if stage == "fit" and self.hparams["pos_weight"] == "balanced":
-            counts = getattr(self.trainer.datamodule, "train_tag_counts", None)  # pyright: ignore[reportAttributeAccessIssue]
-            if counts is None:
+            targets = getattr(self.trainer.datamodule, "train_targets", None)  # pyright: ignore[reportAttributeAccessIssue]
+            if not isinstance(targets, Tensor) or targets.ndim != 2:
                 rank_zero_warn(
-                    "MultiLabelClassifier: pos_weight balanced needs the DataModule's train_tag_counts "
-                    "(images, positives per tag); training with pos_weight 1"
+                    "MultiLabelClassifier: pos_weight balanced needs the DataModule's train_targets (the multi-hot "
+                    "rows of the part that trains); training with pos_weight 1"
                 )
                 return
-            images, positives = counts
-            positives = torch.as_tensor(positives, dtype=torch.float32)
+            images, positives = len(targets), targets.sum(0)
             weight = (images - positives) / positives.clamp_min(1)
             self.pos_weight.copy_(
                 weight.clamp(1 / self.hparams["max_pos_weight"], self.hparams["max_pos_weight"])

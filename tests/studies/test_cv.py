@@ -1,4 +1,5 @@
-"""K-fold cross-validation: the folds (project/data/folds.py, both DataModules) and `python -m project cv`.
+"""K-fold cross-validation: the folds (project/studies/folds.py, KFold, held by the DataModules) and `python -m
+project cv`.
 
 Fast tests check the folds and every bad input in-process; the end-to-end run (slow) kills a real study in
 its last fold, resumes it, and checks the table, the test ensemble and the W&B runs against the fold results.
@@ -8,7 +9,6 @@ import csv
 import json
 import re
 import statistics
-from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -16,74 +16,33 @@ import torch
 
 from project.cli import main, split_args
 from project.data import CIFARDataModule, ImageFolderDataModule
-from project.data import targets as kinds
 from project.data.decoded_cache import channel_mean_std
-from project.data.folds import fold_split, stratified_folds
+from project.data.splits import stratified_parts
+from project.data.targets import Classes
 from project.errors import UserError
 from project.studies.cv import continues_alike, fold_numbers, parse_args
 from project.studies.cv_results import summarize
+from project.studies.folds import KFold
 from project.studies.runner import SETTINGS_FILE, claim_folder
-from tests.conftest import CONFIGS, run_cli
+from tests.conftest import run_cli
 from tests.folder_fits import tiny_fit_args, tiny_folder
-from tests.test_csv_data import dataset
-from tests.test_multilabel import PROBS, TAGS, TagData, identity_task
 from tests.wandb_reader import read_records, read_run
 
 LABELS = [0] * 7 + [1] * 12 + [2] * 5 + [1] * 3  # uneven classes, not sorted
 
 
-def test_folds_are_disjoint_stratified_and_cover_every_index_once():
-    folds = stratified_folds(LABELS, 3, seed=0)
-    every = [i for f in folds for i in f]
-    assert sorted(every) == list(range(len(LABELS)))  # each index in exactly one fold
-    counts = Counter(LABELS)
-    for fold in folds:
-        per_class = Counter(LABELS[i] for i in fold)
-        for c, n in counts.items():
-            assert per_class[c] in (n // 3, -(-n // 3)), (c, per_class)
-    assert max(map(len, folds)) - min(map(len, folds)) <= 1
-    train, val = fold_split(LABELS, 3, 1, seed=0)
-    assert val == folds[1] and sorted(train + val) == list(range(len(LABELS))) and not set(train) & set(val)
+def folds(labels: list[int], k: int, seed: int) -> list[list[int]]:
+    return stratified_parts(labels, k, seed, Classes(tuple(str(c) for c in range(max(labels) + 1))))
 
 
-def test_folds_are_a_pure_function_of_labels_k_and_seed():
-    assert stratified_folds(LABELS, 3, seed=5) == stratified_folds(list(LABELS), 3, seed=5)
-    assert stratified_folds(LABELS, 3, seed=5) != stratified_folds(LABELS, 3, seed=6)
-    assert stratified_folds(LABELS, 3, seed=5) != stratified_folds(LABELS, 4, seed=5)
-
-
-def _torch_folds(labels: list[int], num_folds: int, seed: int) -> list[list[int]]:
-    """The folds as the first release dealt them, in torch ops: what a user's earlier runs were split by."""
-    label_tensor, generator = torch.tensor(labels), torch.Generator().manual_seed(seed)
-    folds: list[list[int]] = [[] for _ in range(num_folds)]
-    start = 0
-    for c in torch.unique(label_tensor, sorted=True).tolist():
-        idx = (label_tensor == c).nonzero().flatten()
-        idx = idx[torch.randperm(len(idx), generator=generator)].tolist()
-        for i, index in enumerate(idx):
-            folds[(start + i) % num_folds].append(index)
-        start = (start + len(idx)) % num_folds
-    return [sorted(f) for f in folds]
-
-
-def test_a_seed_splits_the_data_as_earlier_releases_did(tmp_path):
-    """Folds and the validation split are a user's record of what a model saw: a faster implementation must
-    not move one image between them (a resumed cv study or a compared run would mix splits)."""
-    labels = torch.randint(0, 7, (2000,), generator=torch.Generator().manual_seed(3)).tolist()
-    for seed, k in ((0, 3), (5, 5), (42, 2)):
-        assert stratified_folds(labels, k, seed) == _torch_folds(labels, k, seed)
-
-    data = tiny_folder(tmp_path / "images", per_class=7)
-    dm = ImageFolderDataModule(str(data), image_size=8, val_fraction=0.3, cache_dir=str(tmp_path / "c"))
-    labels = dm.scanned("train").labels
-    g, label_tensor, expected = torch.Generator().manual_seed(dm.seed), torch.tensor(labels), ([], [])
-    for c in range(len(dm.class_names)):
-        idx = (label_tensor == c).nonzero().flatten()
-        idx = idx[torch.randperm(len(idx), generator=g)].tolist()
-        n_val = min(len(idx) - 1, max(1, round(0.3 * len(idx))))
-        expected[1].extend(idx[:n_val])
-        expected[0].extend(idx[n_val:])
-    assert dm._split() == (sorted(expected[0]), sorted(expected[1]))
+def test_a_fold_validates_and_the_others_train():
+    train, val = KFold(3, 1).split(LABELS, 0, Classes(("a", "b", "c")))
+    assert val == folds(LABELS, 3, seed=0)[1] and sorted(train + val) == list(range(len(LABELS)))
+    assert not set(train) & set(val)
+    assert KFold(3, 1).stored_rows([2, 3, 2], "prepared") == (
+        [0, 1, 5, 6],
+        [2, 3, 4],
+    )  # stored fold after fold
 
 
 def test_image_folder_folds_are_the_same_on_every_rank(tmp_path, monkeypatch):
@@ -92,12 +51,10 @@ def test_image_folder_folds_are_the_same_on_every_rank(tmp_path, monkeypatch):
     for rank in ("0", "1"):
         monkeypatch.setenv("RANK", rank)
         monkeypatch.setenv("LOCAL_RANK", rank)
-        dm = ImageFolderDataModule(
-            str(data), image_size=8, num_folds=3, fold=2, cache_dir=str(tmp_path / "c")
-        )
+        dm = ImageFolderDataModule(str(data), image_size=8, split=KFold(3, 2), cache_dir=str(tmp_path / "c"))
         splits.append(dm._split())
     assert splits[0] == splits[1]
-    assert splits[0][1] == stratified_folds(dm.train_labels, 3, dm.seed)[2]
+    assert splits[0][1] == folds(dm.train_labels, 3, dm.seed)[2]
 
 
 @pytest.mark.slow
@@ -106,7 +63,7 @@ def test_a_folds_statistics_come_from_its_training_folds_only(tmp_path):
     cache = tmp_path / "cache"
     stats = []
     for fold in (0, 1):
-        dm = ImageFolderDataModule(str(data), image_size=8, num_folds=3, fold=fold, cache_dir=str(cache))
+        dm = ImageFolderDataModule(str(data), image_size=8, split=KFold(3, fold), cache_dir=str(cache))
         dm.setup("fit")
         train, val = dm.train_set.indices, dm.val_set.indices
         assert sorted(train.tolist() + val.tolist()) == list(range(21)) and len(val) == 7
@@ -123,12 +80,12 @@ def test_a_folds_statistics_come_from_its_training_folds_only(tmp_path):
 
 
 def test_cifar_folds_split_the_training_set_and_take_their_statistics_from_it(fake_cifar):
-    dm = CIFARDataModule(data_dir=str(fake_cifar), download=False, val_size=100, num_folds=5, fold=3)
+    dm = CIFARDataModule(data_dir=str(fake_cifar), download=False, val_size=100, split=KFold(5, 3))
     dm.setup("fit")
     train, val = dm.train_set.indices, dm.val_set.indices
     assert len(train) == 400 and len(val) == 100 and not set(train.tolist()) & set(val.tolist())
     targets = dm.train_set.targets
-    assert val.tolist() == stratified_folds(targets.tolist(), 5, dm.seed)[3]
+    assert val.tolist() == folds(targets.tolist(), 5, dm.seed)[3]
     assert dm.mean == pytest.approx(channel_mean_std([dm.train_set.images[train]])[0])
 
 
@@ -256,7 +213,10 @@ def _one_error_line(args: list[str], capsys) -> str:
     [
         (["--folds", "1"], r"^error: --folds must be at least 2, got 1$"),
         (["--folds", "3", "--folds_to_run", "3"], r"^error: --folds_to_run 3: folds are numbered 0 to 2$"),
-        (["--folds", "10"], r"^error: class 'c0' has 9 image\(s\), fewer than data.num_folds=10: every fold"),
+        (
+            ["--folds", "10"],
+            r"^error: class 'c0' has 9 image\(s\), fewer than data.split.num_folds=10: every fold",
+        ),
         (["--folds", "3", "--ckpt_path", "last"], r"^error: --ckpt_path is set by the study for every run"),
         (["--folds", "3", "--model.nott_a_key", "1"], r"^error: .*nott_a_key"),
         (["--folds", "3", "--data.val_fraction", "2"], r"^error: data.val_fraction must be in \(0, 1\)"),
@@ -288,26 +248,26 @@ def test_an_explicit_val_folder_is_refused_saying_what_to_do(tmp_path, capsys):
     tiny_folder(data / "val", per_class=2)
     line = _one_error_line([*tiny_fit_args(data, tmp_path), "--folds", "3"], capsys)
     assert re.search(
-        r"^error: data.num_folds=3 with the validation folder .*/val: .*Move its images into", line
+        r"^error: data.split KFold\(num_folds=3, fold=0\) with the validation folder .*/val: .*Move its images into",
+        line,
     )
 
 
 @pytest.mark.parametrize(
     ("folds", "fold", "expected"),
     [
-        ("3", "3", r"^error: data.fold=3 is outside \[0, 3\) \(data.num_folds=3\)$"),
-        ("3", "-1", r"^error: data.fold=-1 is outside \[0, 3\)"),
-        ("1", "0", r"^error: data.num_folds must be at least 2, got 1$"),
+        ("3", "3", r"^error: data.split.fold=3 is outside \[0, 3\) \(data.split.num_folds=3\)$"),
+        ("3", "-1", r"^error: data.split.fold=-1 is outside \[0, 3\)"),
+        ("1", "0", r"^error: data.split.num_folds must be at least 2, got 1$"),
     ],
 )
 def test_a_fold_outside_the_folds_is_one_line_from_fit(folds, fold, expected, tmp_path, capsys):
     data = tiny_folder(tmp_path / "images", per_class=4)
     with pytest.raises(SystemExit) as exit_info:
-        main(["fit", *tiny_fit_args(data, tmp_path), "--data.num_folds", folds, "--data.fold", fold])
+        main(["fit", *tiny_fit_args(data, tmp_path), "--data.split", "KFold", "--data.split.num_folds", folds,
+              "--data.split.fold", fold])  # fmt: skip
     err = capsys.readouterr().err.strip().splitlines()
     assert exit_info.value.code == 1 and re.search(expected, err[-1]), err
-    with pytest.raises(Exception, match=r"^data.fold=1 needs data.num_folds"):
-        CIFARDataModule(fold=1)
 
 
 def test_cv_help_lists_its_own_flags(capsys):
@@ -390,45 +350,6 @@ def test_a_cv_whose_folds_end_by_max_steps_within_an_epoch_completes(tmp_path):
 
 
 # -- cv's evaluation and the W&B dashboard ----------------------------------------------------------------------
-def test_evaluation_uses_the_tasks_probabilities_loss_and_metrics():
-    from project.studies.evaluate import BestModel, evaluate
-
-    class Plain(TagData):
-        def setup(self, stage):
-            pass
-
-        def transform_batch(self, batch, train):
-            return batch
-
-        def load_state_dict(self, state):
-            pass
-
-    best = BestModel(identity_task().eval(), Plain(), Path("m.ckpt"), 0, None, None)
-    result = evaluate(best, "val")
-    assert torch.allclose(result.probs, PROBS, atol=1e-6) and isinstance(result.kind, kinds.Tags)
-    assert result.metrics == {"val/map": pytest.approx(1.0)}
-    assert result.per_class(TAGS) == {"cat": pytest.approx(1.0), "dog": pytest.approx(1.0)}
-    assert result.score_name == "map" and result.score == pytest.approx(1.0)
-    ensemble = type(result)(result.kind, result.probs * torch.tensor([1.0, -1.0]) + 1, result.targets, 0.0)
-    assert ensemble.score == pytest.approx((1.0 + (1 / 3 + 2 / 4) / 2) / 2)  # dog: positives 3rd and 4th
-
-
-@pytest.mark.slow
-def test_cross_validation_over_a_csv(tmp_path):
-    csv = dataset(tmp_path, n=18)
-    args = [
-        "cv", "--config", CONFIGS / "csv.yaml", "--data.csv", csv, "--data.cache_dir", tmp_path / "cache",
-        "--model.net", "SimpleCNN", "--model.net.init_args.width", "4", "--model.net.init_args.hidden", "8",
-        "--data.image_size", "8", "--data.batch_size", "4", "--data.num_workers", "0",
-        "--trainer.accelerator", "cpu", "--trainer.precision", "32-true", "--trainer.max_epochs", "1",
-        "--trainer.enable_progress_bar", "false", "--trainer.default_root_dir", tmp_path / "logs",
-        "--folds", "2", "--wandb", "false",
-    ]  # fmt: skip
-    run_cli(*map(str, args), cwd=tmp_path)
-    results = (tmp_path / "logs" / "cv" / "csv" / "cv_results.md").read_text()
-    assert "| 0 |" in results and "| 1 |" in results and "| a |" in results
-
-
 def test_a_studys_fits_test_nothing_and_the_setting_is_the_studys(tmp_path):
     """A fold's or trial's fit reads its best checkpoint back for the study: it runs no test of its own (each would
     cost a pass over the test split the study does not read), and the setting is the study's to give."""

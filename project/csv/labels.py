@@ -2,30 +2,22 @@
 source, and `ImageCSVDataModule`, the DataModule that holds one (`data.csv` and the settings of every source of
 image files).
 
-What a row's labels mean is here; reading the CSV and finding the files it names is project.data.csv_reading,
-the checks of the names it gives project.data.label_checks.
+What a row's labels mean is here, read through the kind of target (`cells`); reading the CSV and finding the files
+it names is `reading`.
 """
 
-import re
 from pathlib import Path
 from typing import Any
 
-from project.data.csv_reading import CSVFiles, cell, column, find_csv_files, listed_images, read_csv
+from project.csv.cells import CellReading, OneName, check_label_shape, other_kind
+from project.csv.reading import CSVFiles, cell, column, find_csv_files, listed_images, read_csv
 from project.data.file_source import FileSource
 from project.data.image_reading import Label, LabelledFiles
-from project.data.label_checks import (
-    data_warning,
-    nfc,
-    shown,
-    warn_if_values,
-    warn_tag_separators,
-)
+from project.data.label_checks import data_warning, nfc, shown
 from project.data.labelled_files import ImageFilesDataModule
-from project.data.targets import Classes, Tags, Values
+from project.data.targets import TargetKind
 from project.errors import UserError
-
-#: The values of a label column (`label_columns`) that say an image has, or has not, its tag.
-ONE, ZERO = {"1", "1.0"}, {"0", "0.0"}
+from project.registry import load, registered
 
 
 class CSVLabels(FileSource):
@@ -37,12 +29,9 @@ class CSVLabels(FileSource):
     unless `val_csv` is given; testing uses `test_csv` if given, else validation. An image listed twice with the
     same label counts once (with a warning); with two different labels it is an error.
 
-    Multi-label data (an image has any number of tags, none included) comes as one column of tags separated by
-    `label_separator` (`multilabel: true`), or as one 0/1 column per tag (`label_columns`). The tag names
-    are then the class names, and each target is a float32 multi-hot row over them.
-
-    Real values (regression, `values: true`) come as a number in the label column (its output is named `value`),
-    or as one number per column of `label_columns` (each output named after its column).
+    The labels are of the kind of target `kind` names (one registered by a package present, project.registry):
+    `classes` (one class name per image) by default. A kind of other labels says how the CSV writes them: tags,
+    say, as one column of tags separated by `label_separator` or one 0/1 column per tag (`label_columns`).
 
     Every error names the CSV, the row (as a spreadsheet numbers it: the header is row 1) and the value.
 
@@ -55,11 +44,10 @@ class CSVLabels(FileSource):
             the test split, else the validation split.
         path_column: The name of the column of image paths. Default: the first column.
         label_column: The name of the column of labels (or tags). Default: the second column.
-        multilabel: The label column holds each image's tags, separated by `label_separator` (none is allowed).
-        values: The label column (or each of `label_columns`) holds a real number per image: a regression target.
-        label_separator: What separates tags in the label column. Default: any whitespace.
-        label_columns: Columns of 0/1 values, one per tag, in the order the model's outputs take (implies
-            multi-label unless `values`, when they hold real values; `label_column` is not read).
+        kind: The kind of target the labels are (`classes`, or another registered kind: `tags`, `values`, ...).
+        label_separator: What separates the names in one label cell (tags). Default: any whitespace.
+        label_columns: Columns of one name each (a 0/1 column per tag, a column per value), in the order the
+            model's outputs take, instead of `label_column`; for a kind whose labels have several names.
     """
 
     def __init__(
@@ -71,25 +59,25 @@ class CSVLabels(FileSource):
         predict_csv: str | None = None,
         path_column: str | None = None,
         label_column: str | None = None,
-        multilabel: bool = False,
-        values: bool = False,
+        kind: str = "classes",
         label_separator: str | None = None,
         label_columns: list[str] | None = None,
     ) -> None:
         if label_columns is not None and label_column is not None:
             raise UserError(
-                "give data.label_column (one column of labels) or data.label_columns (0/1 columns), not both"
+                "give data.label_column (one column of labels) or data.label_columns (a column per name), not both"
             )
-        if multilabel and values:
+        if kind not in registered("target_kinds"):
             raise UserError(
-                "data.multilabel and data.values are both true: a label column holds tags (multilabel) or real "
-                "values (values), not both"
+                f"data.kind {kind!r} is not a kind of target here; the kinds: {', '.join(registered('target_kinds'))}"
             )
-        if label_columns is not None and len(label_columns) < 2 and not values:
+        #: The kind of the labels, and how the CSV writes them (the kind's own cells, or one name per image).
+        self.target_kind: type[TargetKind] = load("target_kinds", kind)
+        self.reading: CellReading = self.target_kind if hasattr(self.target_kind, "read_cells") else OneName  # pyright: ignore[reportAttributeAccessIssue]
+        if label_columns is not None and self.reading is OneName:
             raise UserError(
-                f"data.label_columns names {len(label_columns)} column(s) ({', '.join(label_columns)}): a "
-                "multi-label model needs at least two tags, one 0/1 column each; for one tag, give each image one "
-                "of two labels in a label column and use configs/csv.yaml"
+                f"data.label_columns reads a column per name, and data.kind {kind!r} has one name per image: give "
+                f"its label column (data.label_column), or the kind the columns hold{other_kind('tags', 'such as')}"
             )
         if label_separator == "":
             raise UserError(
@@ -98,7 +86,6 @@ class CSVLabels(FileSource):
             )
         self._given = (csv, val_csv, test_csv, predict_csv, images)
         self.path_column, self.label_column, self.label_columns = path_column, label_column, label_columns
-        self.target_kind = Values if values else Tags if multilabel or label_columns is not None else Classes
         self.label_separator = label_separator
         self._found: CSVFiles | None = None
 
@@ -161,13 +148,13 @@ class CSVLabels(FileSource):
             stamps.append(stamp)
             written.append(label)
             row_numbers.append(row)
-        if split == "train" and self.label_columns is None and self.target_kind is Classes:
+        if split == "train" and self.reading is OneName:
             check_label_shape(path, row_numbers, written)
         if empty := [row for row, label in zip(row_numbers, written, strict=True) if label == ""]:
             more = f" (and {len(empty) - 1} more row(s))" if len(empty) > 1 else ""
             raise UserError(
                 f"{path} row {empty[0]}: the label in column {header[label_at[0]]!r} is empty{more}: give every "
-                "row a label (a multi-label CSV, where a row may have no tag, takes configs/csv_multilabel.yaml)"
+                f"row a label{other_kind('tags', 'a row of a multi-label CSV may have no tag')}"
             )
         if written_twice := [forms for forms in self._forms.values() if len(forms) > 1]:
             forms = sorted(written_twice[0])
@@ -188,7 +175,9 @@ class CSVLabels(FileSource):
                 f"{path} row(s) {rows_shown} repeat an image listed before with the same label; each image counts once"
             )
         if train is None:
-            classes = self._classes(path, header[label_at[0]], row_numbers, written)
+            columns = [header[i] for i in label_at]
+            per_name, separator = self.label_columns is not None, self.label_separator
+            classes = self.reading.names_read(written, row_numbers, columns, per_name, separator, str(path))
         else:
             classes = train.classes
             self._warn_overlap(path, files, row_numbers, train.files)
@@ -197,37 +186,14 @@ class CSVLabels(FileSource):
         )
 
     # -- reading labels ------------------------------------------------------------------------------------------
-    def _label(
-        self, path: Path, header: list[str], row: int, cells: list[str], at: list[int]
-    ) -> str | tuple[str, ...] | tuple[float, ...]:
-        """A row's label (single-label), its tags (multi-label) as written, or its values; `at`: the label
-        column(s)."""
-        values = [cell(path, row, cells, i, header) for i in at]
-        if self.target_kind is Values:
-            return tuple(
-                self._value(path, row, header[i], value) for i, value in zip(at, values, strict=True)
-            )
-        if self.label_columns is not None:
-            for name, value in zip(self.label_columns, values, strict=True):
-                if value not in ONE | ZERO:
-                    raise UserError(
-                        f"{path} row {row}: column {name!r} holds {shown(value)}; label_columns hold 0 or 1"
-                    )
-            return tuple(name for name, value in zip(self.label_columns, values, strict=True) if value in ONE)
-        if self.target_kind is Tags:
-            tags = {tag.strip() for tag in values[0].split(self.label_separator) if tag.strip()}
-            return tuple(sorted(map(self._named, tags)))
-        return self._named(values[0])  # empty: told after the whole CSV is read
-
-    @staticmethod
-    def _value(path: Path, row: int, column_name: str, written: str) -> float:
+    def _label(self, path: Path, header: list[str], row: int, cells: list[str], at: list[int]) -> Any:
+        """A row's label as written (a name, tags, values: as its kind reads them); `at`: the label column(s)."""
+        read = [cell(path, row, cells, i, header) for i in at]
+        columns, per_name = [header[i] for i in at], self.label_columns is not None
         try:
-            return Values.read(written)
+            return self.reading.read_cells(read, columns, per_name, self.label_separator, self._named)
         except ValueError as e:
-            raise UserError(
-                f"{path} row {row}: the value {shown(written)} in column {column_name!r} {e}: data.values true "
-                "reads a real number per image (a CSV of class names takes configs/csv.yaml)"
-            ) from None
+            raise UserError(f"{path} row {row}: {e}") from None
 
     def _named(self, written: str) -> str:
         """A label (or tag) as written, in Unicode's composed form (NFC); its written forms noted."""
@@ -237,49 +203,19 @@ class CSVLabels(FileSource):
         self._forms.setdefault(name, set()).add(written)
         return name
 
-    def _classes(self, path: Path, column_name: str, rows: list[int], written: list[Any]) -> list[str]:
-        """The class (or tag) names, from the training CSV's labels."""
-        if self.label_columns is not None:
-            return list(self.label_columns)
-        if self.target_kind is Values:
-            return ["value"]
-        tagged = self.target_kind is Tags
-        names = {tag for tags in written for tag in tags} if tagged else set(written)
-        if tagged and len(names) < 2:
-            which = "no row has a tag" if not names else f"every tag is {shown(next(iter(names)))}"
-            raise UserError(
-                f"{path}: {which} in column {column_name!r}: a multi-label model needs at least two tags; for one "
-                "tag, give each image one of two labels (has it, or not) and use configs/csv.yaml"
-            )
-        if tagged:
-            warn_tag_separators(path, names, rows, written, self.label_separator)
-        elif len(names) < 2:
-            raise UserError(
-                f"{path} has {len(names)} distinct label(s) ({', '.join(map(shown, names))}): a classifier needs "
-                "at least two"
-            )
-        else:
-            warn_if_values(sorted(names), str(path))
-        numeric = all(re.fullmatch(r"-?[0-9]+", n) for n in names)  # ASCII digits only: int() reads "²" too
-        return sorted(names, key=lambda n: (int(n), n) if numeric else (0, n))
-
     def _indices(self, path: Path, rows: list[int], written: list[Any], classes: list[str]) -> list[Label]:
-        """Labels as class indices (tags as tuples of indices, values as they are); a UserError for a class or
-        tag the training CSV lacks."""
-        if self.target_kind is Values:
-            return list(written)
-        tagged = self.target_kind is Tags
+        """The labels with their names as indices of `classes`; a UserError for a name the training CSV lacks."""
         index = {name: i for i, name in enumerate(classes)}
         labels: list[Label] = []
         for row, label in zip(rows, written, strict=True):
-            for name in label if tagged else (label,):
-                if name not in index:
-                    raise UserError(
-                        f"{path} row {row}: label {shown(name)} is not among the labels of the training CSV "
-                        f"{self.csvs['train']} ({', '.join(classes[:20])}{' ...' if len(classes) > 20 else ''}); "
-                        "correct it, or add images of it to the training CSV"
-                    )
-            labels.append(tuple(index[t] for t in label) if tagged else index[label])
+            try:
+                labels.append(self.reading.indexed(label, index))
+            except KeyError as e:
+                raise UserError(
+                    f"{path} row {row}: label {shown(e.args[0])} is not among the labels of the training CSV "
+                    f"{self.csvs['train']} ({', '.join(classes[:20])}{' ...' if len(classes) > 20 else ''}); "
+                    "correct it, or add images of it to the training CSV"
+                ) from None
         return labels
 
     def _warn_overlap(self, path: Path, files: list[str], rows: list[int], train_files: list[str]) -> None:
@@ -297,11 +233,11 @@ class CSVLabels(FileSource):
         return str(self.csvs["train"])
 
     # -- splits and prediction ----------------------------------------------------------------------------------
-    def folds_with_val_split(self, num_folds: int) -> str:
+    def split_with_val_split(self, split: object) -> str:
         return (
-            f"data.num_folds={num_folds} with data.val_csv {self.csvs['val']}: the folds are drawn from the "
-            "training CSV, so the validation CSV would be ignored. Append its rows to the training CSV to "
-            "cross-validate over all of them, or drop data.num_folds to validate on it"
+            f"data.split {split} with data.val_csv {self.csvs['val']}: it divides the training CSV, so the "
+            "validation CSV would be ignored. Append its rows to the training CSV to divide all of them, or drop "
+            "data.split to validate on it"
         )
 
     def predict_files(self) -> list[Path] | None:
@@ -322,12 +258,11 @@ class ImageCSVDataModule(ImageFilesDataModule):
         predict_csv: A CSV of images to predict (only its path column is read).
         path_column: The name of the column of image paths. Default: the first column.
         label_column: The name of the column of labels (or tags). Default: the second column.
-        multilabel: The label column holds each image's tags, separated by `label_separator`.
-        values: The label column (or each of `label_columns`) holds a real number per image.
-        label_separator: What separates tags in the label column. Default: any whitespace.
-        label_columns: Columns of 0/1 values, one per tag (or of real values, with `values`).
+        kind: The kind of target the labels are: `classes`, or another registered kind (`tags`, `values`, ...).
+        label_separator: What separates the names in one label cell (tags). Default: any whitespace.
+        label_columns: Columns of one name each (a 0/1 column per tag, a column per value), instead of one.
         **kwargs: The image, cache, split and loader settings of `ImageFilesDataModule` (image_size, cache,
-            val_fraction, num_folds, batch_size, ...).
+            val_fraction, split, batch_size, ...).
     """
 
     def __init__(
@@ -339,41 +274,16 @@ class ImageCSVDataModule(ImageFilesDataModule):
         predict_csv: str | None = None,
         path_column: str | None = None,
         label_column: str | None = None,
-        multilabel: bool = False,
-        values: bool = False,
+        kind: str = "classes",
         label_separator: str | None = None,
         label_columns: list[str] | None = None,
         **kwargs: Any,
     ) -> None:
         labels = CSVLabels(
-            csv, images, val_csv, test_csv, predict_csv, path_column, label_column, multilabel, values,
-            label_separator, label_columns,
+            csv, images, val_csv, test_csv, predict_csv, path_column, label_column, kind, label_separator,
+            label_columns,
         )  # fmt: skip
         super().__init__(source=labels, **kwargs)
-
-
-def check_label_shape(path: Path, rows: list[int], written: list[Any]) -> None:
-    """A UserError when a single-label CSV holds several tags per cell (labels `blue round` beside `blue`
-    and `round`, or `round blue`): trained as one class per combination, they would mean nothing."""
-    first_row: dict[str, int] = {}
-    for row, label in zip(rows, written, strict=True):
-        first_row.setdefault(label, row)
-    in_order: dict[tuple[str, ...], str] = {}
-    for label, row in first_row.items():
-        words = label.split()
-        if len(words) < 2:
-            continue
-        other = in_order.setdefault(tuple(sorted(words)), label)
-        if other != label:
-            why = f"{shown(other)} on row {first_row[other]} has the same words in another order"
-        elif all(word in first_row for word in words):
-            why = f"{', '.join(map(shown, words))} are labels of their own on other rows"
-        else:
-            continue
-        raise UserError(
-            f"{path} row {row}: the label {shown(label)} looks like several tags ({why}): for a multi-label "
-            "CSV use configs/csv_multilabel.yaml (data.multilabel: true); otherwise give each image one label"
-        )
 
 
 def _show(label: str | tuple[str, ...] | tuple[float, ...]) -> str:

@@ -1,4 +1,4 @@
-"""project.export.decoding: the `values` kind (regression) read from a task record, as export, predict_onnx, serve
+"""The `values` kind (regression) decoded from a task record, as export, predict_onnx, serve
 and quantize read it; figures computed here by hand."""
 
 import numpy as np
@@ -8,14 +8,14 @@ from torch import nn
 
 from project.errors import UserError
 from project.export.decoding import decoder_for, deployed
-from project.export.values import Values
+from project.regression.kind import ValuesDecoder
 
 SPEC = {"task": "ImageRegressor", "kind": "values", "names": ["age", "angle"], "outputs": "values"}
 
 
 def test_values_are_answered_written_and_described_as_they_are():
     decoder = decoder_for(SPEC, ["ignored"])  # the record's names win
-    assert isinstance(decoder, Values) and decoder.names == ("age", "angle")
+    assert isinstance(decoder, ValuesDecoder) and decoder.names == ("age", "angle")
     outputs = np.array([[31.5, -0.25], [4.0, 1e-7]], dtype=np.float32)
     assert decoder.probabilities(outputs) is outputs
     assert decoder.answer(outputs[0], top_k=5) == {"values": {"age": 31.5, "angle": -0.25}}

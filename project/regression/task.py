@@ -8,7 +8,8 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor, nn
 from torchmetrics import MeanAbsoluteError, MeanSquaredError, MetricCollection
 
-from project.data.targets import TargetKind, Values
+from project.data.targets import TargetKind
+from project.regression.kind import Values
 from project.tasks.task import ImageTask
 
 
@@ -32,7 +33,9 @@ class ImageRegressor(ImageTask):
     """
 
     accepts: ClassVar[tuple[type[TargetKind], ...]] = (Values,)
-    example_config: ClassVar[str] = "configs/csv_regression.yaml"
+    # part: csv
+    example_config: ClassVar[str | None] = "configs/csv_regression.yaml"
+    # /part: csv
     monitor: ClassVar[str] = f"val/{Values.metric}"
     monitor_mode: ClassVar[Literal["min", "max"]] = Values.mode
 

@@ -15,9 +15,9 @@ import yaml
 from PIL import Image
 
 from project.cli import main
-from project.data import ImageCSVDataModule
-from project.data.targets import Values
+from project.csv.labels import ImageCSVDataModule
 from project.errors import UserError
+from project.regression.kind import Values
 from tests.conftest import CONFIGS, run_cli
 from tests.fakes import make_image_folder
 from tests.wandb_reader import read_records, read_run
@@ -160,7 +160,9 @@ def test_the_default_wandb_dashboard_of_a_one_output_head_plots_predicted_agains
     keys = {key for row in run["history"] for key in row}
     assert "val/predicted_vs_true_table/path" in keys and not any("confusion" in k for k in keys)
     table = json.loads((run_dir / "files" / run["summary"]["val/predicted_vs_true_table/path"]).read_text())
-    split = ImageCSVDataModule(str(trained / "data" / "values.csv"), values=True, val_fraction=0.25)._split()
+    split = ImageCSVDataModule(
+        str(trained / "data" / "values.csv"), kind="values", val_fraction=0.25
+    )._split()
     assert table["columns"] == ["true", "predicted"] and len(table["data"]) == len(split[1])  # every image
     true = sorted(row[0] for row in table["data"])
     validation = sorted(truth(trained / "data" / "values.csv").values())
@@ -235,20 +237,22 @@ def test_a_task_given_data_of_another_kind_is_one_line_naming_both(tmp_path, cap
     classes = tmp_path / "data" / "classes.csv"
     classes.write_text("path,label\n" + "".join(f"img/0_{i}.png,{'ab'[i % 2]}\n" for i in range(12)))
     regressor = ["--config", CONFIGS / "csv_regression.yaml", "--data.cache_dir", tmp_path / "c"]
-    line = error_line([*regressor, "--data.csv", classes, "--data.values", "false"], capsys)
+    line = error_line([*regressor, "--data.csv", classes, "--data.kind", "classes"], capsys)
     assert line == (
         "error: the data (ImageCSVDataModule) gives one class per image but model ImageRegressor takes real values "
-        "per image: train it with --model project.tasks.ImageClassifier (as configs/csv.yaml does)"
+        "per image: train it with --model ImageClassifier (as configs/folder.yaml does)"
     )
     classifier = ["--config", CONFIGS / "csv.yaml", "--data.csv", tmp_path / "data" / "values.csv"]
-    line = error_line([*classifier, "--data.values", "true", "--data.cache_dir", tmp_path / "c"], capsys)
+    line = error_line([*classifier, "--data.kind", "values", "--data.cache_dir", tmp_path / "c"], capsys)
     assert line == (
         "error: the data (ImageCSVDataModule) gives real values per image but model ImageClassifier takes one "
-        "class per image: train it with --model project.tasks.ImageRegressor (as configs/csv_regression.yaml does)"
+        "class per image: train it with --model ImageRegressor (as configs/csv_regression.yaml does)"
     )
     values = tmp_path / "data" / "values.csv"
+    # part: tags
     line = error_line([*regressor, "--data.csv", values, "--model", "MultiLabelClassifier"], capsys)
     assert line.startswith("error: the data (ImageCSVDataModule) gives real values per image but model ")
+    # /part: tags
     line = error_line([*regressor, "--data.csv", classes], capsys)  # class names read as values
     assert line.startswith("error: ") and "row 2: the value 'a' in column 'label' is not a number" in line
 
@@ -274,11 +278,11 @@ def test_a_network_of_another_width_than_the_task_needs_is_one_line(tmp_path):
     import lightning as L
 
     from project.models import MLP
-    from project.tasks import ImageRegressor
+    from project.regression.task import ImageRegressor
 
     csv_file = values_csv(tmp_path / "data", n=16)
     data = ImageCSVDataModule(
-        str(csv_file), values=True, image_size=8, batch_size=4, num_workers=0, cache_dir=str(tmp_path / "c")
+        str(csv_file), kind="values", image_size=8, batch_size=4, num_workers=0, cache_dir=str(tmp_path / "c")
     )
     net = MLP(num_classes=3, input_shape=(3, 8, 8), hidden=4)
     task = ImageRegressor(net, class_names=data.class_names, input_shape=(3, 8, 8))
@@ -295,7 +299,7 @@ def test_a_network_of_another_width_than_the_task_needs_is_one_line(tmp_path):
 def test_a_values_csv_gives_float_targets_and_a_split_that_keeps_their_spread(tmp_path):
     csv_file = values_csv(tmp_path / "data", n=40)
     data = ImageCSVDataModule(
-        str(csv_file), values=True, image_size=8, val_fraction=0.25, cache_dir=str(tmp_path / "c")
+        str(csv_file), kind="values", image_size=8, val_fraction=0.25, cache_dir=str(tmp_path / "c")
     )
     assert data.targets == Values(("value",)) and data.class_names == ["value"] and data.num_classes == 1
     written = list(truth(csv_file).values())
@@ -310,7 +314,7 @@ def test_a_values_csv_gives_float_targets_and_a_split_that_keeps_their_spread(tm
     several = tmp_path / "data" / "several.csv"
     several.write_text("path,a,b\n" + "".join(f"img/0_{i}.png,{i},{-i / 2}\n" for i in range(40)))
     two = ImageCSVDataModule(
-        str(several), values=True, label_columns=["a", "b"], image_size=8, cache_dir=str(tmp_path / "c")
+        str(several), kind="values", label_columns=["a", "b"], image_size=8, cache_dir=str(tmp_path / "c")
     )
     assert two.class_names == ["a", "b"] and two.train_labels[3] == (3.0, -1.5)
 
@@ -321,7 +325,10 @@ def test_class_labels_that_look_like_measurements_are_told(tmp_path, capsys):
         len(ImageCSVDataModule(str(csv_file), image_size=8, cache_dir=str(tmp_path / "c")).class_names) == 30
     )
     err = capsys.readouterr().err
-    assert "labels of" in err and "are all numbers" in err and "configs/csv_regression.yaml" in err
+    (said,) = [line for line in err.splitlines() if "are all numbers" in line]
+    assert "labels of" in said and said.endswith(
+        "if they are measurements, read them as values: data.kind values"
+    )
 
 
 # part: benchmarks
