@@ -3,13 +3,10 @@
 A package says what it adds in a literal `REGISTER` table in its `__init__.py`, which is read here as text,
 without importing the package: `python -m project --help` lists the commands without loading torch, and a class
 is imported only when a command line, a config or a checkpoint names it. A part deleted takes its entries with
-it, so the core never names a part:
-
-    REGISTER = {
-        "commands": {"export": (".model_export:main", "export a checkpoint to ONNX")},
-        "tasks": {"MultiLabelClassifier": ".task"},
-        "target_kinds": {"tags": ".kind:Tags"},
-    }
+it, so the core never names a part. A table maps each seam to its entries, a command's to its module's `main` and
+its summary (`{"commands": {"export": (".model_export:main", "export a checkpoint to ONNX")}}`), a task's to its
+module (`{"tasks": {"MultiLabelClassifier": ".task"}}`), a kind of target's to its class (`{"target_kinds":
+{"tags": ".kind:Tags"}}`).
 
 Paths are relative to the package. A class is registered under its own name (what `class_path:` may name, so
 `.task` means `.task:MultiLabelClassifier`); a kind of target under the name checkpoints record; a command under
